@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: MIT */
+/**
+ * @file backend.h
+ * @brief The module ABI of libinfinicp, for authors of device backends and
+ *        transports.
+ *
+ * A backend module (for example `backend-cuda.so`) is a shared object that
+ * exports one function, `cp_backend_module_v1`, returning a pointer to a
+ * static ::cp_backend_ops table. A transport module (for example
+ * `transport-mpi.so`) exports `cp_transport_module_v1`, returning a
+ * ::cp_transport_module table. Both tables start with `uint32_t abi_version;
+ * size_t struct_size;` so that the core can accept older and newer modules:
+ * it reads only the fields that both sides know.
+ *
+ * Frameworks that only use CP attention never need this header.
+ */
+#ifndef INFINICP_BACKEND_H
+#define INFINICP_BACKEND_H
+
+#include <infinicp/infinicp.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** ABI version of the tables in this header. */
+#define CP_MODULE_ABI_VERSION 1u
+
+/** Direction of a copy between host and device memory. */
+typedef enum cp_copy_kind {
+    CP_COPY_HOST_TO_HOST = 0,
+    CP_COPY_HOST_TO_DEVICE = 1,
+    CP_COPY_DEVICE_TO_HOST = 2,
+    CP_COPY_DEVICE_TO_DEVICE = 3
+} cp_copy_kind;
+
+/** Reduction operator of collectives and of ::cp_backend_ops.reduce. */
+typedef enum cp_reduce_op {
+    CP_REDUCE_SUM = 0,
+    CP_REDUCE_MAX = 1
+} cp_reduce_op;
+
+/**
+ * A device backend: memory, copies, and the kernels CP attention is built of.
+ * Every function gets the @c state its @c open returned. Work is queued on
+ * the state's current stream; @c synchronize waits for it. Functions return
+ * ::cp_status and set the thread's error text through the core (modules call
+ * their own message helper, see ::cp_module_host).
+ */
+typedef struct cp_backend_ops {
+    uint32_t abi_version; /**< #CP_MODULE_ABI_VERSION */
+    size_t struct_size;   /**< sizeof(cp_backend_ops) as the module saw it */
+    const char *name;     /**< "cpu", "cuda", ... */
+    cp_device device;     /**< the device kind this backend drives */
+
+    cp_status (*open)(int device_index, void *stream, int num_threads, void **state);
+    void (*close)(void *state);
+    cp_status (*set_stream)(void *state, void *stream);
+    cp_status (*synchronize)(void *state);
+
+    cp_status (*alloc)(void *state, size_t bytes, void **ptr);
+    void (*free)(void *state, void *ptr);
+    /** height rows of width bytes, with pitches in bytes. */
+    cp_status (*copy_2d)(void *state, void *dst, size_t dpitch, const void *src, size_t spitch,
+                         size_t width, size_t height, cp_copy_kind kind);
+    cp_status (*memset)(void *state, void *dst, int value, size_t bytes);
+    /** dst[i] = (dst_type) src[i] for i < count, through fp32 (or fp64). */
+    cp_status (*convert)(void *state, void *dst, cp_dtype dst_type, const void *src,
+                         cp_dtype src_type, size_t count);
+    /** acc[i] = op(acc[i], x[i]) for i < count, both of type @p dtype, computed in fp32 or wider. */
+    cp_status (*reduce)(void *state, void *acc, const void *x, cp_dtype dtype, size_t count,
+                        cp_reduce_op op);
+
+    /** Scratch bytes attn_forward (backward = 0) or attn_backward (1) needs for @p a. */
+    cp_status (*attn_workspace_size)(void *state, const cp_kernel_attn_args *a, int backward,
+                                     size_t *bytes);
+    cp_status (*attn_forward)(void *state, const cp_kernel_attn_args *a);
+    cp_status (*attn_backward)(void *state, const cp_kernel_attn_args *a);
+    cp_status (*merge)(void *state, const cp_kernel_merge_args *a);
+} cp_backend_ops;
+
+/**
+ * A communication transport. Collectives are blocking for the calling rank
+ * (on device backends: ordered on the stream of @c x->backend_state) and must
+ * be called by every rank of the communicator in the same order.
+ */
+typedef struct cp_xfer {
+    const cp_backend_ops *backend; /**< where the buffers live; NULL = host memory */
+    void *backend_state;           /**< that backend's state */
+    int timeout_ms;                /**< longest wait for a peer; <= 0 = forever */
+} cp_xfer;
+
+typedef struct cp_transport_ops {
+    uint32_t abi_version; /**< #CP_MODULE_ABI_VERSION */
+    size_t struct_size;   /**< sizeof(cp_transport_ops) as the module saw it */
+    const char *name;     /**< "local", "mpi", "nccl", ... */
+
+    /** recv = concatenation of every rank's @p bytes of send, in rank order. */
+    cp_status (*all_gather)(void *impl, const cp_xfer *x, const void *send, void *recv, size_t bytes);
+    /** recv (count elements) = op over ranks of block [rank*count, (rank+1)*count) of send. */
+    cp_status (*reduce_scatter)(void *impl, const cp_xfer *x, const void *send, void *recv,
+                                size_t count, cp_dtype dtype, cp_reduce_op op);
+    /** block j (@p bytes) of send goes to rank j; block i of recv comes from rank i. */
+    cp_status (*all_to_all)(void *impl, const cp_xfer *x, const void *send, void *recv, size_t bytes);
+    /** send to @p dst and receive from @p src at once (a ring shift when all ranks call it). */
+    cp_status (*sendrecv)(void *impl, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
+                          void *recv, size_t recv_bytes, int src);
+    /** recv = op over ranks of send (count elements); send == recv allowed. */
+    cp_status (*all_reduce)(void *impl, const cp_xfer *x, const void *send, void *recv, size_t count,
+                            cp_dtype dtype, cp_reduce_op op);
+    cp_status (*barrier)(void *impl, const cp_xfer *x);
+    /**
+     * Collective: ranks with equal color form a new communicator ordered by
+     * (key, old rank). A negative color leaves the rank out (*out_impl = NULL).
+     */
+    cp_status (*split)(void *impl, int color, int key, int timeout_ms, void **out_impl, int *out_rank,
+                       int *out_size);
+    void (*destroy)(void *impl);
+} cp_transport_ops;
+
+/** What a module gets from the core when it is loaded. */
+typedef struct cp_module_host {
+    uint32_t abi_version; /**< #CP_MODULE_ABI_VERSION */
+    size_t struct_size;   /**< sizeof(cp_module_host) */
+    /** Set the calling thread's cp_last_error() text; returns @p s. */
+    cp_status (*set_error)(cp_status s, const char *message);
+    /** Wrap a transport instance into a ::cp_comm the core owns (destroy calls ops->destroy). */
+    cp_status (*comm_wrap)(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out);
+} cp_module_host;
+
+/** The table a transport module returns. */
+typedef struct cp_transport_module {
+    uint32_t abi_version; /**< #CP_MODULE_ABI_VERSION */
+    size_t struct_size;   /**< sizeof(cp_transport_module) */
+    const char *name;     /**< "mpi", ... */
+    /** Wrap a foreign communicator handle (e.g. a pointer to an MPI_Comm). */
+    cp_status (*create)(const cp_module_host *host, void *foreign, cp_comm **out);
+} cp_transport_module;
+
+/** Signature of `cp_backend_module_v1` exported by a backend module. */
+typedef const cp_backend_ops *(*cp_backend_module_fn)(const cp_module_host *host);
+/** Signature of `cp_transport_module_v1` exported by a transport module. */
+typedef const cp_transport_module *(*cp_transport_module_fn)(const cp_module_host *host);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* INFINICP_BACKEND_H */

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/* The built-in CPU backend: host memory, and the kernels of kernels/cpu. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/context.h"
+#include "kernels/cpu/cpu.h"
+
+static cp_status cpu_open(int device_index, void *stream, int num_threads, void **state)
+{
+    (void)device_index;
+    (void)stream;
+    if (num_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        num_threads = n > 0 ? (int)n : 1;
+    }
+    return cpi_cpu_state_create(num_threads, (cpi_cpu_state **)state);
+}
+
+static void cpu_close(void *state)
+{
+    cpi_cpu_state_destroy(state);
+}
+
+static cp_status cpu_set_stream(void *state, void *stream)
+{
+    (void)state;
+    (void)stream;
+    return CP_SUCCESS;
+}
+
+static cp_status cpu_synchronize(void *state)
+{
+    (void)state; /* CPU work is complete when the call returns */
+    return CP_SUCCESS;
+}
+
+static cp_status cpu_alloc(void *state, size_t bytes, void **ptr)
+{
+    (void)state;
+    /* 64-byte alignment: whole cache lines and any vector width. */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes)
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "allocation of %zu bytes overflows", bytes);
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p)
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "out of host memory allocating %zu bytes", bytes);
+    *ptr = p;
+    return CP_SUCCESS;
+}
+
+static void cpu_free(void *state, void *ptr)
+{
+    (void)state;
+    free(ptr);
+}
+
+static cp_status cpu_copy_2d(void *state, void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height, cp_copy_kind kind)
+{
+    (void)state;
+    (void)kind; /* every kind is host memory here */
+    if (dpitch == width && spitch == width) {
+        memmove(dst, src, width * height);
+        return CP_SUCCESS;
+    }
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return CP_SUCCESS;
+}
+
+static cp_status cpu_memset(void *state, void *dst, int value, size_t bytes)
+{
+    (void)state;
+    memset(dst, value, bytes);
+    return CP_SUCCESS;
+}
+
+static const cp_backend_ops cpu_ops = {
+    .abi_version = CP_MODULE_ABI_VERSION,
+    .struct_size = sizeof(cp_backend_ops),
+    .name = "cpu",
+    .device = CP_DEVICE_CPU,
+    .open = cpu_open,
+    .close = cpu_close,
+    .set_stream = cpu_set_stream,
+    .synchronize = cpu_synchronize,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_2d = cpu_copy_2d,
+    .memset = cpu_memset,
+    .convert = cpi_cpu_convert,
+    .reduce = cpi_cpu_reduce,
+    .attn_workspace_size = cpi_cpu_attn_workspace_size,
+    .attn_forward = cpi_cpu_attn_forward,
+    .attn_backward = cpi_cpu_attn_backward,
+    .merge = cpi_cpu_merge,
+};
+
+const cp_backend_ops *cpi_cpu_backend(void)
+{
+    return &cpu_ops;
+}

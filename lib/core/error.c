@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/* Status strings and the thread-local error text behind cp_last_error(). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+static _Thread_local char last_error[512];
+
+cp_status cpi_error(cp_status s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static cp_status module_set_error(cp_status s, const char *message)
+{
+    return cpi_error(s, "%s", message ? message : "(no message)");
+}
+
+CP_EXPORT const char *cp_last_error(void)
+{
+    return last_error;
+}
+
+CP_EXPORT const char *cp_status_string(cp_status s)
+{
+    switch (s) {
+    case CP_SUCCESS: return "success";
+    case CP_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case CP_ERROR_UNSUPPORTED: return "unsupported";
+    case CP_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case CP_ERROR_BACKEND: return "backend error";
+    case CP_ERROR_COMM: return "communication error";
+    case CP_ERROR_TIMEOUT: return "timeout";
+    case CP_ERROR_MISMATCH: return "mismatch between ranks";
+    case CP_ERROR_FORMAT: return "malformed data";
+    case CP_ERROR_IO: return "input/output error";
+    case CP_ERROR_NOT_FOUND: return "not found";
+    case CP_ERROR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+cp_status cpi_comm_wrap(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out);
+
+const cp_module_host cpi_module_host = {
+    CP_MODULE_ABI_VERSION, sizeof(cp_module_host), module_set_error, cpi_comm_wrap,
+};

@@ -1,0 +1,23 @@
+#!/bin/sh
+# Build libinfinicp and run the whole test suite twice: a normal build (with
+# the CUDA module when nvcc is present) and an AddressSanitizer +
+# UndefinedBehaviorSanitizer build. Exits non-zero if any test failed.
+set -u
+cd "$(dirname "$0")/.."
+sh scripts/deps.sh || exit 1
+status=0
+
+run_suite() { # build-dir, meson setup options...
+    dir=$1
+    shift
+    echo "== $dir: meson setup $*"
+    [ -d "$dir" ] || meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+    meson compile -C "$dir" || return 1
+    meson test -C "$dir" --print-errorlogs --num-processes 2 || return 1
+}
+
+run_suite build || status=1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Ddocs=disabled \
+    || status=1
+exit $status

@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: MIT */
+/* Each public header, included first and alone, compiles under
+ * -std=c99 -pedantic -Wall -Wextra -Werror (see meson.build). */
+#include <infinicp/backend.h>
+#include <infinicp/infinicp.h>
+
+int main(void)
+{
+    cp_context_config c = CP_CONTEXT_CONFIG_INIT;
+    cp_topology_config t = CP_TOPOLOGY_CONFIG_INIT;
+    cp_group_config g = CP_GROUP_CONFIG_INIT;
+    cp_attn_desc d = CP_ATTN_DESC_INIT;
+    cp_kernel_attn_args a = CP_KERNEL_ATTN_ARGS_INIT;
+    cp_kernel_merge_args m = CP_KERNEL_MERGE_ARGS_INIT;
+    /* the initialisers must fill struct_size */
+    return !(c.struct_size == sizeof c && t.struct_size == sizeof t && g.struct_size == sizeof g &&
+             d.struct_size == sizeof d && a.struct_size == sizeof a && m.struct_size == sizeof m &&
+             cp_version() == CP_VERSION);
+}
