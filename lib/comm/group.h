@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/* cp_group internals and the checked collective helpers every caller in the
+ * library uses (they validate and dispatch to the transport vtable). */
+#ifndef INFINICP_GROUP_H
+#define INFINICP_GROUP_H
+
+#include "comm/comm.h"
+#include "core/context.h"
+
+struct cp_group {
+    cp_context *ctx;     /* not owned */
+    cp_comm *comm;       /* the CP communicator, not owned */
+    cp_comm *a2a;        /* owned: a2a_size consecutive cp ranks (size 1 when a2a_size == 1) */
+    cp_comm *p2p;        /* owned: the ranks with equal (rank % a2a_size) */
+    cp_group_config cfg; /* validated copy, defaults filled in */
+    int rank, size;      /* in comm */
+};
+
+/* The transfer description for buffers on the group's context. */
+static inline cp_xfer cpi_group_xfer(const cp_group *g)
+{
+    return cpi_xfer(g->ctx, g->cfg.timeout_ms);
+}
+
+cp_status cpi_all_gather(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes);
+cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
+                             cp_dtype dtype, cp_reduce_op op);
+cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes);
+cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
+                       void *recv, size_t recv_bytes, int src);
+cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
+                         cp_dtype dtype, cp_reduce_op op);
+cp_status cpi_barrier(cp_comm *c, const cp_xfer *x);
+
+#endif
