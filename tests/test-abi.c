@@ -8,7 +8,12 @@
  *    its SYNOPSIS carries the header's prototype verbatim (whitespace folded);
  *  - every exported symbol is listed in debian/libinfinicp1.symbols.
  *
+ *  - every page's EXAMPLE is a whole program: it compiles under
+ *    -std=c99 -pedantic -Werror against the public headers, links against the
+ *    built library, and runs to exit status 0.
+ *
  * argv: <libinfinicp.so> <version script> <include dir> <man dir> <symbols file>
+ *       <C compiler> <scratch dir>
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -23,7 +28,7 @@
 
 #include <cmocka.h>
 
-static const char *lib_path, *map_path, *include_dir, *man_dir, *symbols_path;
+static const char *lib_path, *map_path, *include_dir, *man_dir, *symbols_path, *cc_cmd, *scratch_dir;
 
 typedef struct {
     char **v;
@@ -405,12 +410,104 @@ static void test_man_pages_lint_clean(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The text between .EX and .EE after .SH EXAMPLE, with roff escapes undone. */
+static char *example_of(const char *page)
+{
+    const char *sec = strstr(page, "\n.SH EXAMPLE");
+    if (!sec)
+        return NULL;
+    const char *ex = strstr(sec, "\n.EX\n");
+    if (!ex)
+        return NULL;
+    ex += 5;
+    const char *ee = strstr(ex, "\n.EE");
+    if (!ee)
+        return NULL;
+    char *out = malloc((size_t)(ee - ex) + 2);
+    assert_non_null(out);
+    size_t w = 0;
+    for (const char *p = ex; p <= ee; p++) {
+        if (p[0] == '\\' && p[1] == 'e') {
+            out[w++] = '\\';
+            p++;
+        } else if (p[0] == '\\' && p[1] == '-') {
+            out[w++] = '-';
+            p++;
+        } else if (p[0] == '\\' && p[1] == '&') {
+            p++;
+        } else if (!strncmp(p, "\\(dq", 4)) {
+            out[w++] = '"';
+            p += 3;
+        } else {
+            out[w++] = *p;
+        }
+    }
+    out[w] = 0;
+    return out;
+}
+
+static void test_man_examples_build_and_run(void **state)
+{
+    (void)state;
+    DIR *d = opendir(man_dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int examples = 0, bad = 0;
+    char libdir[4096];
+    snprintf(libdir, sizeof libdir, "%s", lib_path);
+    char *slash = strrchr(libdir, '/');
+    if (slash)
+        *slash = 0;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 3 || strcmp(e->d_name + len - 2, ".3"))
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", man_dir, e->d_name);
+        char *text = read_file(path);
+        assert_non_null(text);
+        int is_alias = !strncmp(text, ".so ", 4);
+        char *code = is_alias ? NULL : example_of(text);
+        free(text);
+        if (is_alias)
+            continue;
+        if (!code) {
+            print_error("%s has no EXAMPLE program (.SH EXAMPLE with .EX/.EE)\n", e->d_name);
+            bad++;
+            continue;
+        }
+        char src[4200], exe[4200], cmd[32768];
+        snprintf(src, sizeof src, "%s/example-%.*s.c", scratch_dir, (int)(len - 2), e->d_name);
+        snprintf(exe, sizeof exe, "%s/example-%.*s", scratch_dir, (int)(len - 2), e->d_name);
+        FILE *f = fopen(src, "w");
+        assert_non_null(f);
+        fputs(code, f);
+        fclose(f);
+        free(code);
+        snprintf(cmd, sizeof cmd,
+                 "%s -std=c99 -pedantic -Wall -Wextra -Werror -D_POSIX_C_SOURCE=200809L -I'%s/..' '%s' -o '%s' "
+                 "-L'%s' -Wl,-rpath,'%s' -linfinicp -lpthread 2>&1 && timeout 120 '%s' >/dev/null 2>&1",
+                 cc_cmd, include_dir, src, exe, libdir, libdir, exe);
+        int rc = system(cmd);
+        if (rc != 0) {
+            print_error("%s: the EXAMPLE does not build or does not exit 0 (%d): %s\n", e->d_name, rc, cmd);
+            bad++;
+        }
+        examples++;
+    }
+    closedir(d);
+    assert_true(examples > 0);
+    assert_int_equal(bad, 0);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s LIB MAPFILE INCLUDEDIR MANDIR SYMBOLSFILE\n", argv[0]);
+    if (argc != 8) {
+        fprintf(stderr, "usage: %s LIB MAPFILE INCLUDEDIR MANDIR SYMBOLSFILE CC SCRATCHDIR\n", argv[0]);
         return 2;
     }
+    cc_cmd = argv[6];
+    scratch_dir = argv[7];
     lib_path = argv[1];
     map_path = argv[2];
     include_dir = argv[3];
@@ -422,6 +519,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_debian_symbols_match),
         cmocka_unit_test(test_every_symbol_has_a_man_page),
         cmocka_unit_test(test_man_pages_lint_clean),
+        cmocka_unit_test(test_man_examples_build_and_run),
     };
     return cmocka_run_group_tests_name("abi", tests, NULL, NULL);
 }

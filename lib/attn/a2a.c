@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The a2a (Ulysses) exchange inside a sub-group of A consecutive cp ranks
+ * (DESIGN.md section 3): "to heads" turns every member's [its tokens, all
+ * heads] into [the sub-group's tokens, its own head slice]; "to tokens" is
+ * the way back. Member j owns query heads [j*hq, +hq) and kv heads
+ * [j*Hkv/A, +hkv); when Hkv < A, A/Hkv members share (replicate) a kv head
+ * and the way back sums their gradients.
+ */
+#include "attn/plan.h"
+
+static int32_t slice_first(const cp_attn_plan *p, int kv, int member)
+{
+    if (kv)
+        return (int32_t)((int64_t)member * p->d.num_kv_heads / p->A);
+    return member * p->heads.hq;
+}
+
+static int sub_rank(const cp_attn_plan *p, int member)
+{
+    return p->ring_rank * p->A + member;
+}
+
+/* Block `member` of an exchange buffer, as a dense [s_loc, slice] view. */
+static cpi_tensor block_t(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int member)
+{
+    const cpi_tensor *h = it->tensor_h;
+    cpi_tensor b = { NULL, p->s_loc, h->heads, h->dim, h->dtype };
+    b.p = (char *)base + (size_t)member * cpi_tensor_bytes(p, &b);
+    return b;
+}
+
+static cpi_lse block_l(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int member)
+{
+    cpi_lse b = { NULL, p->s_loc, it->lse_h->heads };
+    b.p = (float *)base + (size_t)member * (size_t)p->d.batch * (size_t)b.heads * (size_t)p->s_loc;
+    return b;
+}
+
+size_t cpi_a2a_item_bytes(const cp_attn_plan *p, const cpi_a2a_item *it)
+{
+    if (it->lse_h)
+        return (size_t)p->d.batch * (size_t)it->lse_h->heads * (size_t)p->s_loc * sizeof(float);
+    const cpi_tensor *h = it->tensor_h;
+    return (size_t)p->d.batch * (size_t)p->s_loc * (size_t)h->heads * (size_t)h->dim * cpi_dtype_size(h->dtype);
+}
+
+/* Copy the rows of member m's tokens between its block (local order) and the
+ * [T, slice] side (sorted token-set order). to_block: direction. */
+static cp_status member_rows(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int m, int to_block)
+{
+    cpi_span spans[CPI_MAX_SPANS];
+    int n = cpi_layout_spans(p->d.layout, p->P, sub_rank(p, m), p->d.seq_len, spans);
+    const cpi_tokset *t = &p->sub[p->ring_rank];
+    int64_t local = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t row = cpi_tokset_row(t, spans[i].offset);
+        if (it->lse_h) {
+            cpi_lse b = block_l(p, it, base, m);
+            CPI_TRY(to_block ? cpi_copy_lse(p, &b, local, 0, it->lse_h, row, 0, spans[i].len, b.heads)
+                             : cpi_copy_lse(p, it->lse_h, row, 0, &b, local, 0, spans[i].len, b.heads));
+        } else {
+            cpi_tensor b = block_t(p, it, base, m);
+            CPI_TRY(to_block ? cpi_copy_tokens(p, &b, local, 0, it->tensor_h, row, 0, spans[i].len, b.heads)
+                             : cpi_copy_tokens(p, it->tensor_h, row, 0, &b, local, 0, spans[i].len, b.heads));
+        }
+        local += spans[i].len;
+    }
+    return CP_SUCCESS;
+}
+
+/* Copy my local tokens' head slice of member m between the local side and
+ * m's block. to_block: direction. */
+static cp_status member_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int m, int to_block)
+{
+    const int32_t first = slice_first(p, it->kv, m);
+    if (it->lse_h) {
+        cpi_lse b = block_l(p, it, base, m);
+        return to_block ? cpi_copy_lse(p, &b, 0, 0, it->lse, 0, first, p->s_loc, b.heads)
+                        : cpi_copy_lse(p, it->lse, 0, first, &b, 0, 0, p->s_loc, b.heads);
+    }
+    cpi_tensor b = block_t(p, it, base, m);
+    return to_block ? cpi_copy_tokens(p, &b, 0, 0, it->tensor, 0, first, p->s_loc, b.heads)
+                    : cpi_copy_tokens(p, it->tensor, 0, first, &b, 0, 0, p->s_loc, b.heads);
+}
+
+static cp_status exchange(const cp_attn_plan *p, void *send, void *recv, size_t block)
+{
+    cp_xfer x = cpi_group_xfer(p->g);
+    return cpi_all_to_all(p->a2a_comm, &x, send, recv, block);
+}
+
+cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *send, void *recv)
+{
+    for (int m = 0; m < p->A; m++)
+        CPI_TRY(member_heads(p, it, send, m, 1));
+    CPI_TRY(exchange(p, send, recv, cpi_a2a_item_bytes(p, it)));
+    for (int m = 0; m < p->A; m++)
+        CPI_TRY(member_rows(p, it, recv, m, 0));
+    return CP_SUCCESS;
+}
+
+cp_status cpi_a2a_to_tokens(const cp_attn_plan *p, const cpi_a2a_item *it, void *send, void *recv, int sum_replicas)
+{
+    for (int m = 0; m < p->A; m++)
+        CPI_TRY(member_rows(p, it, send, m, 1));
+    const size_t block = cpi_a2a_item_bytes(p, it);
+    CPI_TRY(exchange(p, send, recv, block));
+    const int rep = it->kv && p->d.num_kv_heads < p->A ? p->A / p->d.num_kv_heads : 1;
+    for (int m = 0; m < p->A; m += rep) {
+        if (sum_replicas && rep > 1) {
+            const cpi_tensor *h = it->tensor_h;
+            size_t count = block / cpi_dtype_size(h->dtype);
+            for (int r = 1; r < rep; r++)
+                CPI_TRY(p->ctx->ops->reduce(p->ctx->state, (char *)recv + (size_t)m * block,
+                                            (char *)recv + (size_t)(m + r) * block, h->dtype, count,
+                                            CP_REDUCE_SUM));
+        }
+        CPI_TRY(member_heads(p, it, recv, m, 0));
+    }
+    return CP_SUCCESS;
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * all_gather (DESIGN.md section 3): every rank gathers the K and V of all
+ * ranks (kv heads only) and attends its own queries to them; backward
+ * computes dK, dV for all keys and reduce-scatters them to their owners.
+ * The gathered blocks stay in rank order; p->sub[r] says which global
+ * positions block r holds, so no reordering copy is needed.
+ */
+#include "attn/plan.h"
+
+typedef struct gathered {
+    cpi_tensor k, v;   /* P blocks of [s_loc, Hkv, dim] */
+    size_t kblock, vblock;
+    void *scratch;
+    size_t scratch_bytes;
+} gathered;
+
+static cpi_tensor block(const cp_attn_plan *p, const cpi_tensor *all, int r)
+{
+    cpi_tensor b = { NULL, p->s_loc, all->heads, all->dim, all->dtype };
+    b.p = (char *)all->p + (size_t)r * cpi_tensor_bytes(p, &b);
+    return b;
+}
+
+static cp_status take_gathered(cp_attn_plan *p, cpi_arena *ws, int backward, gathered *g)
+{
+    const cp_attn_desc *d = &p->d;
+    const int64_t n = (int64_t)p->P * p->s_loc;
+    g->k = cpi_tensor_take(p, ws, n, d->num_kv_heads, d->head_dim, d->dtype);
+    g->v = cpi_tensor_take(p, ws, n, d->num_kv_heads, d->head_dim_v, d->dtype);
+    cpi_tensor one = { NULL, p->s_loc, d->num_kv_heads, d->head_dim, d->dtype };
+    g->kblock = cpi_tensor_bytes(p, &one);
+    one.dim = d->head_dim_v;
+    g->vblock = cpi_tensor_bytes(p, &one);
+    CPI_TRY(cpi_attend_scratch(p, p->max_span, p->max_span, d->num_heads, d->num_kv_heads, backward, &g->scratch_bytes));
+    g->scratch = cpi_arena_take(ws, g->scratch_bytes);
+    return CP_SUCCESS;
+}
+
+static cp_status gather(cp_attn_plan *p, const void *k, const void *v, const gathered *g)
+{
+    cp_xfer x = cpi_group_xfer(p->g);
+    CPI_TRY(cpi_all_gather(p->g->comm, &x, k, g->k.p, g->kblock));
+    return cpi_all_gather(p->g->comm, &x, v, g->v.p, g->vblock);
+}
+
+cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena *ws)
+{
+    const cp_attn_desc *d = &p->d;
+    gathered g;
+    CPI_TRY(take_gathered(p, ws, 0, &g));
+    cpi_tensor o32 = cpi_tensor_take(p, ws, p->s_loc, d->num_heads, d->head_dim_v, CP_DTYPE_F32);
+    if (ws->measuring)
+        return CP_SUCCESS;
+
+    cpi_tensor q = { (void *)a->q, p->s_loc, d->num_heads, d->head_dim, d->dtype };
+    cpi_tensor out = { a->out, p->s_loc, d->num_heads, d->head_dim_v, d->dtype };
+    cpi_lse lse = { a->lse, p->s_loc, d->num_heads };
+    CPI_TRY(gather(p, a->k, a->v, &g));
+    CPI_TRY(cpi_init_partial(p, &o32, &lse));
+    for (int r = 0; r < p->P; r++) {
+        cpi_tensor k = block(p, &g.k, r), v = block(p, &g.v, r);
+        cpi_block_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .o32 = &o32,
+                            .lse = &lse, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
+        CPI_TRY(cpi_attend(p, &io, 0));
+    }
+    return cpi_convert_tensor(p, &out, &o32);
+}
+
+cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena *ws)
+{
+    const cp_attn_desc *d = &p->d;
+    const int64_t n = (int64_t)p->P * p->s_loc;
+    gathered g;
+    CPI_TRY(take_gathered(p, ws, 1, &g));
+    cpi_tensor dkg = cpi_tensor_take(p, ws, n, d->num_kv_heads, d->head_dim, CP_DTYPE_F32);
+    cpi_tensor dvg = cpi_tensor_take(p, ws, n, d->num_kv_heads, d->head_dim_v, CP_DTYPE_F32);
+    cpi_tensor dq32 = cpi_tensor_take(p, ws, p->s_loc, d->num_heads, d->head_dim, CP_DTYPE_F32);
+    cpi_tensor dk32 = cpi_tensor_take(p, ws, p->s_loc, d->num_kv_heads, d->head_dim, CP_DTYPE_F32);
+    cpi_tensor dv32 = cpi_tensor_take(p, ws, p->s_loc, d->num_kv_heads, d->head_dim_v, CP_DTYPE_F32);
+    if (ws->measuring)
+        return CP_SUCCESS;
+
+    cpi_tensor q = { (void *)a->q, p->s_loc, d->num_heads, d->head_dim, d->dtype };
+    cpi_tensor o = { (void *)a->out, p->s_loc, d->num_heads, d->head_dim_v, d->dtype };
+    cpi_tensor dout = { (void *)a->dout, p->s_loc, d->num_heads, d->head_dim_v, d->dtype };
+    cpi_tensor dq = { a->dq, p->s_loc, d->num_heads, d->head_dim, d->dtype };
+    cpi_tensor dk = { a->dk, p->s_loc, d->num_kv_heads, d->head_dim, d->dtype };
+    cpi_tensor dv = { a->dv, p->s_loc, d->num_kv_heads, d->head_dim_v, d->dtype };
+    cpi_lse lse = { (float *)a->lse, p->s_loc, d->num_heads };
+    CPI_TRY(gather(p, a->k, a->v, &g));
+    CPI_TRY(cpi_zero(p, &dkg));
+    CPI_TRY(cpi_zero(p, &dvg));
+    CPI_TRY(cpi_zero(p, &dq32));
+    for (int r = 0; r < p->P; r++) {
+        cpi_tensor k = block(p, &g.k, r), v = block(p, &g.v, r);
+        cpi_tensor dk_r = block(p, &dkg, r), dv_r = block(p, &dvg, r);
+        cpi_block_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .lse = &lse,
+                            .o = &o, .dout = &dout, .dq32 = &dq32, .dk32 = &dk_r, .dv32 = &dv_r,
+                            .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
+        CPI_TRY(cpi_attend(p, &io, 1));
+    }
+    cp_xfer x = cpi_group_xfer(p->g);
+    CPI_TRY(cpi_reduce_scatter(p->g->comm, &x, dkg.p, dk32.p, g.kblock / cpi_dtype_size(d->dtype),
+                               CP_DTYPE_F32, CP_REDUCE_SUM));
+    CPI_TRY(cpi_reduce_scatter(p->g->comm, &x, dvg.p, dv32.p, g.vblock / cpi_dtype_size(d->dtype),
+                               CP_DTYPE_F32, CP_REDUCE_SUM));
+    CPI_TRY(cpi_convert_tensor(p, &dq, &dq32));
+    CPI_TRY(cpi_convert_tensor(p, &dk, &dk32));
+    return cpi_convert_tensor(p, &dv, &dv32);
+}

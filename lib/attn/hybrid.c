@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * a2a+p2p (DESIGN.md section 3), which with A == P is plain a2a (Ulysses)
+ * and with A == 1 is the plain p2p ring: a2a inside sub-groups of A
+ * consecutive cp ranks turns [my tokens, all heads] into [the sub-group's
+ * tokens, my head slice]; the ring runs across the R = P / A sub-groups; a2a
+ * brings the results back to [my tokens, all heads].
+ */
+#include "attn/plan.h"
+
+/* The caller's dense tensors as views. */
+static cpi_tensor user_t(const cp_attn_plan *p, const void *ptr, int32_t heads, int32_t dim, cp_dtype dt)
+{
+    cpi_tensor t = { (void *)ptr, p->s_loc, heads, dim, dt };
+    return t;
+}
+
+/* Exchange buffers: large enough for the largest of the given items. */
+static void take_exchange(cp_attn_plan *p, cpi_arena *ws, const cpi_a2a_item *items, int n, void **send,
+                          void **recv)
+{
+    size_t block = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = cpi_a2a_item_bytes(p, &items[i]);
+        if (b > block)
+            block = b;
+    }
+    *send = cpi_arena_take(ws, block * (size_t)p->A);
+    *recv = cpi_arena_take(ws, block * (size_t)p->A);
+}
+
+cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena *ws)
+{
+    const cp_attn_desc *d = &p->d;
+    const int32_t H = d->num_heads, Hkv = d->num_kv_heads, hq = p->heads.hq, hkv = p->heads.hkv;
+    const int64_t T = p->sub[p->ring_rank].ntok;
+    cpi_tensor uq = user_t(p, a->q, H, d->head_dim, d->dtype);
+    cpi_tensor uk = user_t(p, a->k, Hkv, d->head_dim, d->dtype);
+    cpi_tensor uv = user_t(p, a->v, Hkv, d->head_dim_v, d->dtype);
+    cpi_tensor uo = user_t(p, a->out, H, d->head_dim_v, d->dtype);
+    cpi_lse ulse = { a->lse, p->s_loc, H };
+
+    /* With A == 1 the head side is the caller's own tensors. */
+    cpi_tensor qh = uq, kh = uk, vh = uv, oh = uo;
+    cpi_lse lseh = ulse;
+    void *send = NULL, *recv = NULL;
+    if (p->A > 1) {
+        qh = cpi_tensor_take(p, ws, T, hq, d->head_dim, d->dtype);
+        kh = cpi_tensor_take(p, ws, T, hkv, d->head_dim, d->dtype);
+        vh = cpi_tensor_take(p, ws, T, hkv, d->head_dim_v, d->dtype);
+        oh = cpi_tensor_take(p, ws, T, hq, d->head_dim_v, d->dtype);
+        lseh = cpi_lse_take(p, ws, T, hq);
+    }
+    cpi_tensor o32 = cpi_tensor_take(p, ws, T, hq, d->head_dim_v, CP_DTYPE_F32);
+    const cpi_a2a_item iq = { &uq, NULL, &qh, NULL, 0 }, ik = { &uk, NULL, &kh, NULL, 1 },
+                       iv = { &uv, NULL, &vh, NULL, 1 }, io = { &uo, NULL, &oh, NULL, 0 },
+                       il = { NULL, &ulse, NULL, &lseh, 0 };
+    if (p->A > 1) {
+        const cpi_a2a_item all[] = { iq, ik, iv, io, il };
+        take_exchange(p, ws, all, 5, &send, &recv);
+    }
+    if (ws->measuring)
+        return cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, ws);
+
+    if (p->A > 1) {
+        CPI_TRY(cpi_a2a_to_heads(p, &iq, send, recv));
+        CPI_TRY(cpi_a2a_to_heads(p, &ik, send, recv));
+        CPI_TRY(cpi_a2a_to_heads(p, &iv, send, recv));
+    }
+    CPI_TRY(cpi_init_partial(p, &o32, &lseh));
+    CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, ws));
+    CPI_TRY(cpi_convert_tensor(p, &oh, &o32));
+    if (p->A > 1) {
+        CPI_TRY(cpi_a2a_to_tokens(p, &io, send, recv, 0));
+        CPI_TRY(cpi_a2a_to_tokens(p, &il, send, recv, 0));
+    }
+    return CP_SUCCESS;
+}
+
+cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena *ws)
+{
+    const cp_attn_desc *d = &p->d;
+    const int32_t H = d->num_heads, Hkv = d->num_kv_heads, hq = p->heads.hq, hkv = p->heads.hkv;
+    const int32_t D = d->head_dim, Dv = d->head_dim_v;
+    const int64_t T = p->sub[p->ring_rank].ntok;
+    cpi_tensor uq = user_t(p, a->q, H, D, d->dtype), uk = user_t(p, a->k, Hkv, D, d->dtype),
+               uv = user_t(p, a->v, Hkv, Dv, d->dtype), uo = user_t(p, a->out, H, Dv, d->dtype),
+               udo = user_t(p, a->dout, H, Dv, d->dtype), udq = user_t(p, a->dq, H, D, d->dtype),
+               udk = user_t(p, a->dk, Hkv, D, d->dtype), udv = user_t(p, a->dv, Hkv, Dv, d->dtype);
+    cpi_lse ulse = { (float *)a->lse, p->s_loc, H };
+
+    cpi_tensor qh = uq, kh = uk, vh = uv, oh = uo, doh = udo, dqh = udq;
+    cpi_lse lseh = ulse;
+    cpi_tensor dk_loc = { 0 }, dv_loc = { 0 };
+    if (p->A > 1) {
+        qh = cpi_tensor_take(p, ws, T, hq, D, d->dtype);
+        kh = cpi_tensor_take(p, ws, T, hkv, D, d->dtype);
+        vh = cpi_tensor_take(p, ws, T, hkv, Dv, d->dtype);
+        oh = cpi_tensor_take(p, ws, T, hq, Dv, d->dtype);
+        doh = cpi_tensor_take(p, ws, T, hq, Dv, d->dtype);
+        dqh = cpi_tensor_take(p, ws, T, hq, D, d->dtype);
+        lseh = cpi_lse_take(p, ws, T, hq);
+        /* gradients of my tokens, all kv heads, summed over replicas in fp32 */
+        dk_loc = cpi_tensor_take(p, ws, p->s_loc, Hkv, D, CP_DTYPE_F32);
+        dv_loc = cpi_tensor_take(p, ws, p->s_loc, Hkv, Dv, CP_DTYPE_F32);
+    }
+    cpi_tensor dq32 = cpi_tensor_take(p, ws, T, hq, D, CP_DTYPE_F32);
+    cpi_tensor dk32 = cpi_tensor_take(p, ws, T, hkv, D, CP_DTYPE_F32);
+    cpi_tensor dv32 = cpi_tensor_take(p, ws, T, hkv, Dv, CP_DTYPE_F32);
+    const cpi_a2a_item iq = { &uq, NULL, &qh, NULL, 0 }, ik = { &uk, NULL, &kh, NULL, 1 },
+                       iv = { &uv, NULL, &vh, NULL, 1 }, io = { &uo, NULL, &oh, NULL, 0 },
+                       ido = { &udo, NULL, &doh, NULL, 0 }, il = { NULL, &ulse, NULL, &lseh, 0 },
+                       idq = { &udq, NULL, &dqh, NULL, 0 }, idk = { &dk_loc, NULL, &dk32, NULL, 1 },
+                       idv = { &dv_loc, NULL, &dv32, NULL, 1 };
+    void *send = NULL, *recv = NULL;
+    if (p->A > 1) {
+        const cpi_a2a_item all[] = { iq, ik, iv, io, ido, il, idq, idk, idv };
+        take_exchange(p, ws, all, 9, &send, &recv);
+    }
+    if (ws->measuring)
+        return cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, ws);
+
+    if (p->A > 1) {
+        const cpi_a2a_item in[] = { iq, ik, iv, io, ido, il };
+        for (int i = 0; i < 6; i++)
+            CPI_TRY(cpi_a2a_to_heads(p, &in[i], send, recv));
+    }
+    CPI_TRY(cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, ws));
+    if (p->A == 1) {
+        CPI_TRY(cpi_convert_tensor(p, &udq, &dq32));
+        CPI_TRY(cpi_convert_tensor(p, &udk, &dk32));
+        return cpi_convert_tensor(p, &udv, &dv32);
+    }
+    CPI_TRY(cpi_convert_tensor(p, &dqh, &dq32));
+    CPI_TRY(cpi_a2a_to_tokens(p, &idq, send, recv, 0));
+    CPI_TRY(cpi_a2a_to_tokens(p, &idk, send, recv, 1));
+    CPI_TRY(cpi_a2a_to_tokens(p, &idv, send, recv, 1));
+    CPI_TRY(cpi_convert_tensor(p, &udk, &dk_loc));
+    return cpi_convert_tensor(p, &udv, &dv_loc);
+}

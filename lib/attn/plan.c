@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: MIT */
+/* cp_attn_plan: validation, the cross-rank agreement check, workspace
+ * sizing, and dispatch to the modes. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/plan.h"
+
+/* First published cp_attn_desc: everything up to `mode`. */
+#define DESC_V1_SIZE (offsetof(cp_attn_desc, mode) + sizeof(cp_mode))
+
+static const char *mode_name(cp_mode m)
+{
+    static const char *names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
+    return (unsigned)m < 4 ? names[m] : "unknown";
+}
+
+/* Everything about the descriptor that does not depend on the group. */
+static cp_status check_desc(const cp_attn_desc *d)
+{
+    static const char *f = "cp_attn_plan_create";
+    CPI_CHECK(d->dtype == CP_DTYPE_F32 || d->dtype == CP_DTYPE_F16 || d->dtype == CP_DTYPE_BF16 ||
+                  d->dtype == CP_DTYPE_F64,
+              "%s: desc->dtype = %d (must be a cp_dtype)", f, (int)d->dtype);
+    if (d->dtype == CP_DTYPE_F64)
+        return cpi_error(CP_ERROR_UNSUPPORTED, "%s: desc->dtype = CP_DTYPE_F64 (attention runs in F32, F16 or BF16)", f);
+    CPI_CHECK(d->format == CP_FORMAT_BSHD || d->format == CP_FORMAT_SBHD,
+              "%s: desc->format = %d (must be CP_FORMAT_BSHD (0) or CP_FORMAT_SBHD (1))", f, (int)d->format);
+    CPI_CHECK(d->batch >= 1, "%s: desc->batch = %lld (must be >= 1)", f, (long long)d->batch);
+    CPI_CHECK(d->seq_len >= 1, "%s: desc->seq_len = %lld (must be >= 1)", f, (long long)d->seq_len);
+    CPI_CHECK(d->num_heads >= 1, "%s: desc->num_heads = %d (must be >= 1)", f, d->num_heads);
+    CPI_CHECK(d->num_kv_heads >= 1, "%s: desc->num_kv_heads = %d (must be >= 1)", f, d->num_kv_heads);
+    CPI_CHECK(d->num_heads % d->num_kv_heads == 0,
+              "%s: desc->num_kv_heads = %d does not divide desc->num_heads = %d", f, d->num_kv_heads,
+              d->num_heads);
+    CPI_CHECK(d->head_dim >= 1, "%s: desc->head_dim = %d (must be >= 1)", f, d->head_dim);
+    CPI_CHECK(d->head_dim_v >= 0, "%s: desc->head_dim_v = %d (must be >= 0; 0 = head_dim)", f, d->head_dim_v);
+    CPI_CHECK(d->mask == CP_MASK_NONE || d->mask == CP_MASK_CAUSAL,
+              "%s: desc->mask = %d (must be CP_MASK_NONE (0) or CP_MASK_CAUSAL (1))", f, (int)d->mask);
+    CPI_CHECK(isfinite(d->softmax_scale), "%s: desc->softmax_scale = %g (must be finite; 0 = 1/sqrt(head_dim))",
+              f, d->softmax_scale);
+    CPI_CHECK(d->mode >= CP_MODE_ALL_GATHER && d->mode <= CP_MODE_A2A_P2P,
+              "%s: desc->mode = %d (must be a cp_mode, 0..3)", f, (int)d->mode);
+    /* the largest tensor any mode touches: batch x seq x heads x dim x 8 bytes */
+    size_t n = 8;
+    int32_t h = d->num_heads > d->num_kv_heads ? d->num_heads : d->num_kv_heads;
+    int32_t dim = d->head_dim > d->head_dim_v ? d->head_dim : d->head_dim_v;
+    CPI_CHECK(cpi_mul(n, (size_t)d->batch, &n) && cpi_mul(n, (size_t)d->seq_len, &n) &&
+                  cpi_mul(n, (size_t)h, &n) && cpi_mul(n, (size_t)dim, &n) && n <= (size_t)INT64_MAX,
+              "%s: batch %lld x seq_len %lld x heads %d x head_dim %d overflows the address space", f,
+              (long long)d->batch, (long long)d->seq_len, h, dim);
+    return CP_SUCCESS;
+}
+
+/* Sub-group sizes and head slices of the mode on a group of P ranks. */
+static cp_status check_mode(cp_attn_plan *p)
+{
+    static const char *f = "cp_attn_plan_create";
+    const cp_attn_desc *d = &p->d;
+    switch (d->mode) {
+    case CP_MODE_ALL_GATHER:
+    case CP_MODE_P2P: p->A = 1; break;
+    case CP_MODE_A2A: p->A = p->P; break;
+    case CP_MODE_A2A_P2P: p->A = p->g->cfg.a2a_size; break;
+    }
+    p->R = p->P / p->A;
+    if (p->A > 1) {
+        if (d->num_heads % p->A)
+            return cpi_error(CP_ERROR_UNSUPPORTED,
+                             "%s: mode %s needs num_heads = %d divisible by the a2a size %d", f,
+                             mode_name(d->mode), d->num_heads, p->A);
+        if (d->num_kv_heads % p->A && p->A % d->num_kv_heads)
+            return cpi_error(CP_ERROR_UNSUPPORTED,
+                             "%s: mode %s: num_kv_heads = %d neither divisible by the a2a size %d nor "
+                             "dividing it (kv heads cannot be split or replicated)",
+                             f, mode_name(d->mode), d->num_kv_heads, p->A);
+    }
+    p->heads.hq = d->num_heads / p->A;
+    p->heads.hkv = d->num_kv_heads >= p->A ? d->num_kv_heads / p->A : 1;
+    return cpi_layout_check(f, d->layout, p->P, p->rank, d->seq_len);
+}
+
+static uint64_t fnv(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xff;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static uint64_t desc_hash(const cp_attn_plan *p)
+{
+    const cp_attn_desc *d = &p->d;
+    uint64_t scale;
+    memcpy(&scale, &d->softmax_scale, sizeof scale);
+    const uint64_t fields[] = { (uint64_t)d->dtype, (uint64_t)d->format, (uint64_t)d->batch,
+                                (uint64_t)d->seq_len, (uint64_t)d->num_heads, (uint64_t)d->num_kv_heads,
+                                (uint64_t)d->head_dim, (uint64_t)d->head_dim_v, (uint64_t)d->mask, scale,
+                                (uint64_t)d->layout, (uint64_t)d->mode, (uint64_t)p->P,
+                                (uint64_t)p->g->cfg.a2a_size };
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        h = fnv(h, fields[i]);
+    return h;
+}
+
+/* Collective: every rank learns whether all ranks passed the same
+ * descriptor, and whether any rank rejected its own. One all-reduce (max) of
+ * the hash, its negation, and the local verdict, in host memory. */
+static cp_status agree(cp_attn_plan *p, cp_status local)
+{
+    const uint64_t h = local == CP_SUCCESS ? desc_hash(p) : 0;
+    const double hi = (double)(h >> 32), lo = (double)(h & 0xffffffffu);
+    double v[5] = { hi, lo, -hi, -lo, local == CP_SUCCESS ? 0.0 : 1.0 };
+    cp_xfer x = { NULL, NULL, p->g->cfg.timeout_ms };
+    char saved[512];
+    strncpy(saved, cp_last_error(), sizeof saved - 1);
+    saved[sizeof saved - 1] = 0;
+    cp_status s = cpi_all_reduce(p->g->comm, &x, v, v, 5, CP_DTYPE_F64, CP_REDUCE_MAX);
+    if (local != CP_SUCCESS)
+        return cpi_error(local, "%s", saved); /* this rank's own reason comes first */
+    if (s != CP_SUCCESS)
+        return s;
+    if (v[0] != -v[2] || v[1] != -v[3] || v[4] != 0.0)
+        return cpi_error(CP_ERROR_MISMATCH,
+                         "cp_attn_plan_create: ranks of the CP group passed different descriptors "
+                         "(rank %d: dtype %d, batch %lld, seq_len %lld, heads %d/%d, head_dim %d/%d, mask %d, "
+                         "layout %d, mode %s, group size %d)",
+                         p->rank, (int)p->d.dtype, (long long)p->d.batch, (long long)p->d.seq_len,
+                         p->d.num_heads, p->d.num_kv_heads, p->d.head_dim, p->d.head_dim_v, (int)p->d.mask,
+                         (int)p->d.layout, mode_name(p->d.mode), p->P);
+    return CP_SUCCESS;
+}
+
+static cp_status build_token_sets(cp_attn_plan *p)
+{
+    p->sub = cpi_calloc((size_t)p->R, sizeof *p->sub);
+    if (!p->sub)
+        return CP_ERROR_OUT_OF_MEMORY;
+    for (int m = 0; m < p->R; m++)
+        CPI_TRY(cpi_tokset_of_ranks(p, m * p->A, p->A, &p->sub[m]));
+    CPI_TRY(cpi_tokset_alloc(&p->mine, CPI_MAX_SPANS));
+    /* my own tokens in local order (what the caller's tensors hold) */
+    p->mine.n = cpi_layout_spans(p->d.layout, p->P, p->rank, p->d.seq_len, p->mine.span);
+    int64_t row = 0;
+    for (int i = 0; i < p->mine.n; i++) {
+        p->mine.row[i] = row;
+        row += p->mine.span[i].len;
+    }
+    p->mine.ntok = row;
+    for (int m = 0; m < p->R; m++)
+        for (int i = 0; i < p->sub[m].n; i++)
+            if (p->sub[m].span[i].len > p->max_span)
+                p->max_span = p->sub[m].span[i].len;
+    return CP_SUCCESS;
+}
+
+static cp_status run_mode(cp_attn_plan *p, int backward, const void *args, cpi_arena *ws)
+{
+    if (p->d.mode == CP_MODE_ALL_GATHER)
+        return backward ? cpi_all_gather_backward(p, args, ws) : cpi_all_gather_forward(p, args, ws);
+    return backward ? cpi_a2a_p2p_backward(p, args, ws) : cpi_a2a_p2p_forward(p, args, ws);
+}
+
+static cp_status measure(cp_attn_plan *p, int backward, size_t *bytes)
+{
+    cpi_arena a = { NULL, 0, 0, 1 };
+    cpi_fwd_args fa = { 0 };
+    cpi_bwd_args ba = { 0 };
+    CPI_TRY(run_mode(p, backward, backward ? (const void *)&ba : (const void *)&fa, &a));
+    *bytes = a.used;
+    return CP_SUCCESS;
+}
+
+static void plan_free(cp_attn_plan *p)
+{
+    if (!p)
+        return;
+    for (int m = 0; p->sub && m < p->R; m++)
+        cpi_tokset_free(&p->sub[m]);
+    free(p->sub);
+    cpi_tokset_free(&p->mine);
+    if (p->own_ws)
+        p->ctx->ops->free(p->ctx->state, p->own_ws);
+    free(p);
+}
+
+CP_EXPORT cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, cp_attn_plan **out)
+{
+    CPI_CHECK_PTR(out);
+    *out = NULL;
+    CPI_CHECK_PTR(g);
+    CPI_CHECK_PTR(desc);
+    cp_attn_plan *p = cpi_calloc(1, sizeof *p);
+    if (!p)
+        return CP_ERROR_OUT_OF_MEMORY;
+    p->g = g;
+    p->ctx = g->ctx;
+    p->P = g->size;
+    p->rank = g->rank;
+
+    static const cp_attn_desc defaults = CP_ATTN_DESC_INIT;
+    cp_status s = cpi_copy_config(&p->d, sizeof p->d, &defaults, desc, DESC_V1_SIZE, __func__, "desc");
+    if (s == CP_SUCCESS)
+        s = check_desc(&p->d);
+    if (s == CP_SUCCESS) {
+        if (p->d.head_dim_v == 0)
+            p->d.head_dim_v = p->d.head_dim;
+        if (p->d.softmax_scale == 0.0)
+            p->d.softmax_scale = 1.0 / sqrt((double)p->d.head_dim);
+        s = check_mode(p);
+    }
+    /* Every rank takes part in the agreement, also one whose descriptor is
+     * bad, so that the others fail fast instead of waiting for it. */
+    s = agree(p, s);
+    if (s == CP_SUCCESS) {
+        p->s_loc = p->d.seq_len / p->P;
+        p->ring_rank = p->rank / p->A;
+        p->a2a_comm = p->A == 1 ? NULL : p->A == p->P ? g->comm : g->a2a;
+        p->ring_comm = p->R == 1 ? NULL : p->R == p->P ? g->comm : g->p2p;
+        s = build_token_sets(p);
+    }
+    if (s == CP_SUCCESS)
+        s = measure(p, 0, &p->ws_fwd);
+    if (s == CP_SUCCESS)
+        s = measure(p, 1, &p->ws_bwd);
+    if (s != CP_SUCCESS) {
+        plan_free(p);
+        return s;
+    }
+    *out = p;
+    return CP_SUCCESS;
+}
+
+CP_EXPORT cp_status cp_attn_workspace_size(const cp_attn_plan *p, size_t *forward, size_t *backward)
+{
+    CPI_CHECK_PTR(p);
+    CPI_CHECK(forward || backward, "%s: forward and backward are both NULL", __func__);
+    if (forward)
+        *forward = p->ws_fwd;
+    if (backward)
+        *backward = p->ws_bwd;
+    return CP_SUCCESS;
+}
+
+static cp_status workspace(cp_attn_plan *p, void *ws, size_t bytes, size_t need, const char *func,
+                           cpi_arena *a)
+{
+    if (!ws) {
+        if (!p->own_ws) {
+            size_t all = p->ws_fwd > p->ws_bwd ? p->ws_fwd : p->ws_bwd;
+            CPI_TRY(p->ctx->ops->alloc(p->ctx->state, all, &p->own_ws));
+            p->own_ws_bytes = all;
+        }
+        ws = p->own_ws;
+        bytes = p->own_ws_bytes;
+    }
+    CPI_CHECK(bytes >= need, "%s: workspace_bytes = %zu (the plan needs %zu; see cp_attn_workspace_size)", func,
+              bytes, need);
+    *a = (cpi_arena){ ws, 0, bytes, 0 };
+    return CP_SUCCESS;
+}
+
+CP_EXPORT cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
+                                    float *lse, void *workspace_ptr, size_t workspace_bytes)
+{
+    CPI_CHECK_PTR(p);
+    CPI_CHECK_PTR(q);
+    CPI_CHECK_PTR(k);
+    CPI_CHECK_PTR(v);
+    CPI_CHECK_PTR(out);
+    CPI_CHECK_PTR(lse);
+    cpi_arena a;
+    CPI_TRY(workspace(p, workspace_ptr, workspace_bytes, p->ws_fwd, __func__, &a));
+    cpi_fwd_args args = { q, k, v, out, lse };
+    return run_mode(p, 0, &args, &a);
+}
+
+CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void *k, const void *v,
+                                     const void *out, const float *lse, const void *dout, void *dq, void *dk,
+                                     void *dv, void *workspace_ptr, size_t workspace_bytes)
+{
+    CPI_CHECK_PTR(p);
+    CPI_CHECK_PTR(q);
+    CPI_CHECK_PTR(k);
+    CPI_CHECK_PTR(v);
+    CPI_CHECK_PTR(out);
+    CPI_CHECK_PTR(lse);
+    CPI_CHECK_PTR(dout);
+    CPI_CHECK_PTR(dq);
+    CPI_CHECK_PTR(dk);
+    CPI_CHECK_PTR(dv);
+    cpi_arena a;
+    CPI_TRY(workspace(p, workspace_ptr, workspace_bytes, p->ws_bwd, __func__, &a));
+    cpi_bwd_args args = { q, k, v, out, dout, lse, dq, dk, dv };
+    return run_mode(p, 1, &args, &a);
+}
+
+CP_EXPORT void cp_attn_plan_destroy(cp_attn_plan *p)
+{
+    plan_free(p);
+}

@@ -1,0 +1,293 @@
+/* SPDX-License-Identifier: MIT */
+#include "cpref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- storage types, modelled independently of the library ---- */
+
+size_t cpref_dtype_size(cp_dtype t)
+{
+    return t == CP_DTYPE_F64 ? 8 : t == CP_DTYPE_F32 ? 4 : 2;
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t lsb = (u >> 16) & 1;
+    u += 0x7fff + lsb;
+    return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+double cpref_round(double x, cp_dtype t)
+{
+    switch (t) {
+    case CP_DTYPE_F64: return x;
+    case CP_DTYPE_F32: return (float)x;
+    case CP_DTYPE_F16: return (double)(_Float16)(float)x;
+    case CP_DTYPE_BF16: return from_bf16(to_bf16((float)x));
+    }
+    return x;
+}
+
+void cpref_store(void *dst, cp_dtype t, const double *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        switch (t) {
+        case CP_DTYPE_F64: ((double *)dst)[i] = src[i]; break;
+        case CP_DTYPE_F32: ((float *)dst)[i] = (float)src[i]; break;
+        case CP_DTYPE_F16: ((_Float16 *)dst)[i] = (_Float16)(float)src[i]; break;
+        case CP_DTYPE_BF16: ((uint16_t *)dst)[i] = to_bf16((float)src[i]); break;
+        }
+    }
+}
+
+void cpref_load(double *dst, const void *src, cp_dtype t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        switch (t) {
+        case CP_DTYPE_F64: dst[i] = ((const double *)src)[i]; break;
+        case CP_DTYPE_F32: dst[i] = ((const float *)src)[i]; break;
+        case CP_DTYPE_F16: dst[i] = (double)((const _Float16 *)src)[i]; break;
+        case CP_DTYPE_BF16: dst[i] = from_bf16(((const uint16_t *)src)[i]); break;
+        }
+    }
+}
+
+/* ---- FP64 attention over the whole sequence ---- */
+
+static size_t at(const cpref_shape *sh, int64_t b, int64_t s, int h, int heads, int dim)
+{
+    return (((size_t)b * (size_t)sh->S + (size_t)s) * (size_t)heads + (size_t)h) * (size_t)dim;
+}
+
+static int visible(const cpref_shape *sh, int64_t i, int64_t j)
+{
+    return !sh->causal || j <= i;
+}
+
+void cpref_forward(const cpref_shape *sh, const double *q, const double *k, const double *v, double *out,
+                   double *lse)
+{
+    const int group = sh->H / sh->Hkv;
+    double *w = malloc((size_t)sh->S * sizeof *w);
+    for (int64_t b = 0; b < sh->B; b++)
+        for (int h = 0; h < sh->H; h++)
+            for (int64_t i = 0; i < sh->S; i++) {
+                const double *qi = q + at(sh, b, i, h, sh->H, sh->D);
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < sh->S; j++) {
+                    w[j] = -INFINITY;
+                    if (!visible(sh, i, j))
+                        continue;
+                    const double *kj = k + at(sh, b, j, h / group, sh->Hkv, sh->D);
+                    double s = 0;
+                    for (int e = 0; e < sh->D; e++)
+                        s += qi[e] * kj[e];
+                    w[j] = s * sh->scale;
+                    if (w[j] > mx)
+                        mx = w[j];
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < sh->S; j++)
+                    sum += visible(sh, i, j) ? exp(w[j] - mx) : 0.0;
+                double *oi = out + at(sh, b, i, h, sh->H, sh->Dv);
+                for (int e = 0; e < sh->Dv; e++)
+                    oi[e] = 0;
+                for (int64_t j = 0; j < sh->S; j++) {
+                    if (!visible(sh, i, j))
+                        continue;
+                    double pj = exp(w[j] - mx) / sum;
+                    const double *vj = v + at(sh, b, j, h / group, sh->Hkv, sh->Dv);
+                    for (int e = 0; e < sh->Dv; e++)
+                        oi[e] += pj * vj[e];
+                }
+                lse[((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)i] = mx + log(sum);
+            }
+    free(w);
+}
+
+void cpref_backward(const cpref_shape *sh, const double *q, const double *k, const double *v,
+                    const double *out, const double *lse, const double *dout, double *dq, double *dk,
+                    double *dv)
+{
+    const int group = sh->H / sh->Hkv;
+    memset(dq, 0, (size_t)sh->B * (size_t)sh->S * (size_t)sh->H * (size_t)sh->D * sizeof *dq);
+    memset(dk, 0, (size_t)sh->B * (size_t)sh->S * (size_t)sh->Hkv * (size_t)sh->D * sizeof *dk);
+    memset(dv, 0, (size_t)sh->B * (size_t)sh->S * (size_t)sh->Hkv * (size_t)sh->Dv * sizeof *dv);
+    for (int64_t b = 0; b < sh->B; b++)
+        for (int h = 0; h < sh->H; h++)
+            for (int64_t i = 0; i < sh->S; i++) {
+                const double *qi = q + at(sh, b, i, h, sh->H, sh->D);
+                const double *doi = dout + at(sh, b, i, h, sh->H, sh->Dv);
+                const double *oi = out + at(sh, b, i, h, sh->H, sh->Dv);
+                double l = lse[((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)i];
+                double Di = 0;
+                for (int e = 0; e < sh->Dv; e++)
+                    Di += doi[e] * oi[e];
+                for (int64_t j = 0; j < sh->S; j++) {
+                    if (!visible(sh, i, j))
+                        continue;
+                    const double *kj = k + at(sh, b, j, h / group, sh->Hkv, sh->D);
+                    const double *vj = v + at(sh, b, j, h / group, sh->Hkv, sh->Dv);
+                    double s = 0, dp = 0;
+                    for (int e = 0; e < sh->D; e++)
+                        s += qi[e] * kj[e];
+                    double p = exp(s * sh->scale - l);
+                    for (int e = 0; e < sh->Dv; e++)
+                        dp += doi[e] * vj[e];
+                    double ds = p * (dp - Di) * sh->scale;
+                    double *dqi = dq + at(sh, b, i, h, sh->H, sh->D);
+                    double *dkj = dk + at(sh, b, j, h / group, sh->Hkv, sh->D);
+                    double *dvj = dv + at(sh, b, j, h / group, sh->Hkv, sh->Dv);
+                    for (int e = 0; e < sh->D; e++) {
+                        dqi[e] += ds * kj[e];
+                        dkj[e] += ds * qi[e];
+                    }
+                    for (int e = 0; e < sh->Dv; e++)
+                        dvj[e] += p * doi[e];
+                }
+            }
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double *random_tensor(size_t n, uint64_t *seed, double amp, cp_dtype t)
+{
+    double *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = cpref_round(amp * ((double)(splitmix(seed) >> 11) * 0x1.0p-53 * 2.0 - 1.0), t);
+    return x;
+}
+
+int cpref_make(cpref_data *d, const cpref_shape *sh, cp_dtype dtype, uint64_t seed, double amp)
+{
+    memset(d, 0, sizeof *d);
+    d->sh = *sh;
+    size_t nq = (size_t)sh->B * (size_t)sh->S * (size_t)sh->H * (size_t)sh->D;
+    size_t nk = (size_t)sh->B * (size_t)sh->S * (size_t)sh->Hkv * (size_t)sh->D;
+    size_t nv = (size_t)sh->B * (size_t)sh->S * (size_t)sh->Hkv * (size_t)sh->Dv;
+    size_t no = (size_t)sh->B * (size_t)sh->S * (size_t)sh->H * (size_t)sh->Dv;
+    d->q = random_tensor(nq, &seed, amp, dtype);
+    d->k = random_tensor(nk, &seed, amp, dtype);
+    d->v = random_tensor(nv, &seed, 1.0, dtype);
+    d->dout = random_tensor(no, &seed, 1.0, dtype);
+    d->out = malloc(no * sizeof(double));
+    d->lse = malloc((size_t)sh->B * (size_t)sh->H * (size_t)sh->S * sizeof(double));
+    d->dq = malloc(nq * sizeof(double));
+    d->dk = malloc(nk * sizeof(double));
+    d->dv = malloc(nv * sizeof(double));
+    cpref_forward(sh, d->q, d->k, d->v, d->out, d->lse);
+    cpref_backward(sh, d->q, d->k, d->v, d->out, d->lse, d->dout, d->dq, d->dk, d->dv);
+    return 0;
+}
+
+void cpref_free(cpref_data *d)
+{
+    free(d->q);
+    free(d->k);
+    free(d->v);
+    free(d->dout);
+    free(d->out);
+    free(d->lse);
+    free(d->dq);
+    free(d->dk);
+    free(d->dv);
+    memset(d, 0, sizeof *d);
+}
+
+/* ---- layouts ---- */
+
+int64_t cpref_positions(cp_layout l, int P, int r, int64_t S, int64_t *pos)
+{
+    int64_t n = 0;
+    if (l == CP_LAYOUT_CONTIGUOUS) {
+        for (int64_t i = r * (S / P); i < (r + 1) * (S / P); i++)
+            pos[n++] = i;
+        return n;
+    }
+    int64_t c = S / (2 * P);
+    int chunks[2] = { r, 2 * P - 1 - r };
+    for (int k = 0; k < 2; k++)
+        for (int64_t i = 0; i < c; i++)
+            pos[n++] = chunks[k] * c + i;
+    return n;
+}
+
+/* Element offset of (b, local s, h) in a local tensor of n tokens. */
+static size_t local_at(cp_format f, int64_t B, int64_t n, int64_t b, int64_t s, int h, int heads, int dim)
+{
+    if (f == CP_FORMAT_SBHD)
+        return (((size_t)s * (size_t)B + (size_t)b) * (size_t)heads + (size_t)h) * (size_t)dim;
+    return (((size_t)b * (size_t)n + (size_t)s) * (size_t)heads + (size_t)h) * (size_t)dim;
+}
+
+static void move_rows(const cpref_shape *sh, cp_layout l, int P, int r, cp_format f, cp_dtype t, double *global,
+                      int heads, int dim, void *local, int to_local)
+{
+    int64_t *pos = malloc((size_t)sh->S * sizeof *pos);
+    int64_t n = cpref_positions(l, P, r, sh->S, pos);
+    const size_t es = cpref_dtype_size(t);
+    for (int64_t b = 0; b < sh->B; b++)
+        for (int64_t s = 0; s < n; s++)
+            for (int h = 0; h < heads; h++) {
+                double *g = global + at(sh, b, pos[s], h, heads, dim);
+                char *lp = (char *)local + local_at(f, sh->B, n, b, s, h, heads, dim) * es;
+                if (to_local)
+                    cpref_store(lp, t, g, (size_t)dim);
+                else
+                    cpref_load(g, lp, t, (size_t)dim);
+            }
+    free(pos);
+}
+
+void cpref_shard(const cpref_shape *sh, cp_layout l, int P, int r, cp_format f, cp_dtype t, const double *global,
+                 int heads, int dim, void *local)
+{
+    move_rows(sh, l, P, r, f, t, (double *)global, heads, dim, local, 1);
+}
+
+void cpref_unshard(const cpref_shape *sh, cp_layout l, int P, int r, cp_format f, cp_dtype t, const void *local,
+                   int heads, int dim, double *global)
+{
+    move_rows(sh, l, P, r, f, t, global, heads, dim, (void *)local, 0);
+}
+
+void cpref_unshard_lse(const cpref_shape *sh, cp_layout l, int P, int r, const float *local, double *global)
+{
+    int64_t *pos = malloc((size_t)sh->S * sizeof *pos);
+    int64_t n = cpref_positions(l, P, r, sh->S, pos);
+    for (int64_t b = 0; b < sh->B; b++)
+        for (int h = 0; h < sh->H; h++)
+            for (int64_t s = 0; s < n; s++)
+                global[((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)pos[s]] =
+                    local[((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)n + (size_t)s];
+    free(pos);
+}
+
+double cpref_rel_rms(const double *x, const double *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = x[i] - ref[i];
+        num += e * e;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}

@@ -1,0 +1,606 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * CP attention end to end: every mode x layout x mask x MHA/GQA x dtype,
+ * forward and backward, for CP sizes 1, 2, 3, 4, 8 (where the mode allows),
+ * every a2a x p2p factorisation, strided and permuted CP groups. Ranks are
+ * threads on the in-process transport. Each result is compared with an FP64
+ * reference (tests/cpref.c), and the error at CP=P must stay within 1.25x of
+ * the error at CP=1 on the same inputs: CP adds no error.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <infinicp/infinicp.h>
+
+#include "cpref.h"
+#include "testutil.h"
+
+typedef struct run_cfg {
+    cp_mode mode;
+    cp_layout layout;
+    cp_dtype dtype;
+    cp_format format;
+    int P, A;
+    int strided;  /* CP groups split from a world with tp = 2: world ranks {t, t+2, t+4, ...} */
+    int permuted; /* CP rank order reversed against world rank order */
+} run_cfg;
+
+typedef struct run_out {
+    double *out, *lse, *dq, *dk, *dv; /* global, FP64 */
+    size_t ws_fwd, ws_bwd;            /* of CP rank 0 */
+    cp_status status;
+    char error[512];
+} run_out;
+
+typedef struct rank_job {
+    const cpref_data *d;
+    const run_cfg *c;
+    run_out *o;
+    cp_comm *world;
+    int world_rank;
+    pthread_mutex_t *lock;
+} rank_job;
+
+static void record(rank_job *j, cp_status s, const char *what)
+{
+    pthread_mutex_lock(j->lock);
+    if (j->o->status == CP_SUCCESS && s != CP_SUCCESS) {
+        j->o->status = s;
+        snprintf(j->o->error, sizeof j->o->error, "world rank %d: %s: %s", j->world_rank, what, cp_last_error());
+    }
+    pthread_mutex_unlock(j->lock);
+}
+
+static size_t nelem(const cpref_shape *sh, int64_t tokens, int heads, int dim)
+{
+    return (size_t)sh->B * (size_t)tokens * (size_t)heads * (size_t)dim;
+}
+
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    const cpref_data *d = j->d;
+    const cpref_shape *sh = &d->sh;
+    const run_cfg *c = j->c;
+    cp_context *ctx = NULL;
+    cp_comm *cpc = NULL, *split = NULL;
+    cp_group *g = NULL;
+    cp_attn_plan *plan = NULL;
+    void *buf[10] = { 0 };
+    float *lse = NULL;
+
+    cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+    cc.num_threads = 1;
+    cp_status s = cp_context_create(&cc, &ctx);
+    if (s != CP_SUCCESS) {
+        record(j, s, "cp_context_create");
+        goto out;
+    }
+    cpc = j->world;
+    int color = 0;
+    if (c->strided || c->permuted) {
+        color = c->strided ? j->world_rank % 2 : 0;
+        int key = c->permuted ? -j->world_rank : j->world_rank;
+        s = cp_comm_split(j->world, color, key, &split);
+        if (s != CP_SUCCESS) {
+            record(j, s, "cp_comm_split");
+            goto out;
+        }
+        cpc = split;
+    }
+    cp_group_config gc = CP_GROUP_CONFIG_INIT;
+    gc.a2a_size = c->A;
+    gc.timeout_ms = 60000;
+    s = cp_group_create(ctx, cpc, &gc, &g);
+    if (s != CP_SUCCESS) {
+        record(j, s, "cp_group_create");
+        goto out;
+    }
+    int r = -1, P = 0;
+    cp_group_rank(g, &r);
+    cp_group_size(g, &P);
+
+    cp_attn_desc desc = CP_ATTN_DESC_INIT;
+    desc.dtype = c->dtype;
+    desc.format = c->format;
+    desc.batch = sh->B;
+    desc.seq_len = sh->S;
+    desc.num_heads = sh->H;
+    desc.num_kv_heads = sh->Hkv;
+    desc.head_dim = sh->D;
+    desc.head_dim_v = sh->Dv;
+    desc.mask = sh->causal ? CP_MASK_CAUSAL : CP_MASK_NONE;
+    desc.softmax_scale = sh->scale;
+    desc.layout = c->layout;
+    desc.mode = c->mode;
+    s = cp_attn_plan_create(g, &desc, &plan);
+    if (s != CP_SUCCESS) {
+        record(j, s, "cp_attn_plan_create");
+        goto out;
+    }
+    size_t wf = 0, wb = 0;
+    cp_attn_workspace_size(plan, &wf, &wb);
+    if (r == 0 && color == 0) {
+        j->o->ws_fwd = wf;
+        j->o->ws_bwd = wb;
+    }
+
+    const int64_t n = sh->S / P;
+    const size_t es = cpref_dtype_size(c->dtype);
+    const size_t nq = nelem(sh, n, sh->H, sh->D), nk = nelem(sh, n, sh->Hkv, sh->D),
+                 nv = nelem(sh, n, sh->Hkv, sh->Dv), no = nelem(sh, n, sh->H, sh->Dv);
+    const size_t sizes[9] = { nq, nk, nv, no, no, nq, nk, nv, wf > wb ? wf : wb };
+    for (int i = 0; i < 9; i++)
+        buf[i] = malloc(i == 8 ? sizes[i] + 1 : sizes[i] * es);
+    lse = malloc((size_t)sh->B * (size_t)sh->H * (size_t)n * sizeof *lse);
+    void *q = buf[0], *k = buf[1], *v = buf[2], *o = buf[3], *dout = buf[4], *dq = buf[5], *dk = buf[6],
+         *dv = buf[7], *ws = buf[8];
+    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->q, sh->H, sh->D, q);
+    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->k, sh->Hkv, sh->D, k);
+    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->v, sh->Hkv, sh->Dv, v);
+    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->dout, sh->H, sh->Dv, dout);
+
+    /* The caller's workspace on odd runs, the library's own on even ones. */
+    int own = (r + (int)c->mode) % 2;
+    s = cp_attn_forward(plan, q, k, v, o, lse, own ? NULL : ws, own ? 0 : wf);
+    if (s != CP_SUCCESS) {
+        record(j, s, "cp_attn_forward");
+        goto out;
+    }
+    s = cp_attn_backward(plan, q, k, v, o, lse, dout, dq, dk, dv, own ? NULL : ws, own ? 0 : wb);
+    if (s != CP_SUCCESS) {
+        record(j, s, "cp_attn_backward");
+        goto out;
+    }
+    if (color == 0) {
+        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, o, sh->H, sh->Dv, j->o->out);
+        cpref_unshard_lse(sh, c->layout, P, r, lse, j->o->lse);
+        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dq, sh->H, sh->D, j->o->dq);
+        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dk, sh->Hkv, sh->D, j->o->dk);
+        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dv, sh->Hkv, sh->Dv, j->o->dv);
+    }
+out:
+    for (int i = 0; i < 9; i++)
+        free(buf[i]);
+    free(lse);
+    cp_attn_plan_destroy(plan);
+    cp_group_destroy(g);
+    cp_comm_destroy(split);
+    cp_comm_destroy(j->world);
+    cp_context_destroy(ctx);
+    return NULL;
+}
+
+static void out_alloc(run_out *o, const cpref_shape *sh)
+{
+    memset(o, 0, sizeof *o);
+    o->out = calloc(nelem(sh, sh->S, sh->H, sh->Dv), sizeof(double));
+    o->lse = calloc((size_t)sh->B * (size_t)sh->H * (size_t)sh->S, sizeof(double));
+    o->dq = calloc(nelem(sh, sh->S, sh->H, sh->D), sizeof(double));
+    o->dk = calloc(nelem(sh, sh->S, sh->Hkv, sh->D), sizeof(double));
+    o->dv = calloc(nelem(sh, sh->S, sh->Hkv, sh->Dv), sizeof(double));
+}
+
+static void out_free(run_out *o)
+{
+    free(o->out);
+    free(o->lse);
+    free(o->dq);
+    free(o->dk);
+    free(o->dv);
+}
+
+/* Run CP attention with c->P ranks (2 * c->P world ranks when strided). */
+static cp_status run_cp(const cpref_data *d, const run_cfg *c, run_out *o)
+{
+    out_alloc(o, &d->sh);
+    const int world = c->strided ? 2 * c->P : c->P;
+    cp_comm *comms[16];
+    cp_status s = cp_comm_create_local(world, comms);
+    if (s != CP_SUCCESS) {
+        o->status = s;
+        snprintf(o->error, sizeof o->error, "cp_comm_create_local: %s", cp_last_error());
+        return s;
+    }
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    rank_job jobs[16];
+    pthread_t th[16];
+    for (int w = 0; w < world; w++) {
+        jobs[w] = (rank_job){ d, c, o, comms[w], w, &lock };
+        assert_int_equal(pthread_create(&th[w], NULL, rank_main, &jobs[w]), 0);
+    }
+    for (int w = 0; w < world; w++)
+        pthread_join(th[w], NULL);
+    return o->status;
+}
+
+/* The five relative RMS errors of a run against the FP64 reference. */
+typedef struct errs {
+    double e[5];
+} errs;
+static const char *err_names[5] = { "out", "lse", "dq", "dk", "dv" };
+
+static errs errors(const cpref_data *d, const run_out *o)
+{
+    const cpref_shape *sh = &d->sh;
+    errs r;
+    r.e[0] = cpref_rel_rms(o->out, d->out, nelem(sh, sh->S, sh->H, sh->Dv));
+    r.e[1] = cpref_rel_rms(o->lse, d->lse, (size_t)sh->B * (size_t)sh->H * (size_t)sh->S);
+    r.e[2] = cpref_rel_rms(o->dq, d->dq, nelem(sh, sh->S, sh->H, sh->D));
+    r.e[3] = cpref_rel_rms(o->dk, d->dk, nelem(sh, sh->S, sh->Hkv, sh->D));
+    r.e[4] = cpref_rel_rms(o->dv, d->dv, nelem(sh, sh->S, sh->Hkv, sh->Dv));
+    return r;
+}
+
+/* Error bound at CP=1, per dtype: the storage rounding of the output and of
+ * the gradients dominates (unit roundoff 2^-8 for BF16, 2^-11 for F16), and
+ * F32 sees only fp32 accumulation over S keys. Relative RMS of a correctly
+ * rounded result is about u/sqrt(3); allow 4x that for accumulated rounding. */
+static double cp1_bound(cp_dtype t)
+{
+    switch (t) {
+    case CP_DTYPE_BF16: return 4 * 0x1.0p-8;
+    case CP_DTYPE_F16: return 4 * 0x1.0p-11;
+    default: return 1e-5;
+    }
+}
+
+/* The floor below which a ratio is not meaningful: far under one storage
+ * ulp, so it only matters when CP=1 is (nearly) exact. */
+static double ratio_floor(cp_dtype t)
+{
+    return t == CP_DTYPE_F32 ? 1e-7 : 1e-4;
+}
+
+static const char *mode_names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
+static const char *dtype_names[] = { "F32", "F16", "BF16", "F64" };
+
+/* One shape, one dtype, one layout: CP=1 then every P in `sizes`. */
+static void check_cp(const cpref_data *d, run_cfg base, const int *sizes, int nsizes, int hybrid_all)
+{
+    run_cfg one = base;
+    one.P = 1;
+    one.A = 1;
+    one.strided = one.permuted = 0;
+    run_out o1;
+    cp_status s = run_cp(d, &one, &o1);
+    if (s != CP_SUCCESS)
+        fail_msg("CP=1 %s: %s", mode_names[base.mode], o1.error);
+    errs e1 = errors(d, &o1);
+    for (int i = 0; i < 5; i++)
+        if (!(e1.e[i] <= cp1_bound(base.dtype)))
+            fail_msg("CP=1 %s %s %s: %s error %.3g above %.3g", mode_names[base.mode], dtype_names[base.dtype],
+                     base.layout ? "zigzag" : "contiguous", err_names[i], e1.e[i], cp1_bound(base.dtype));
+    out_free(&o1);
+
+    for (int si = 0; si < nsizes; si++) {
+        const int P = sizes[si];
+        for (int A = 1; A <= P; A++) {
+            if (P % A)
+                continue;
+            run_cfg c = base;
+            c.P = P;
+            c.A = base.mode == CP_MODE_A2A_P2P ? A : 1;
+            if (base.mode != CP_MODE_A2A_P2P && A > 1)
+                break;
+            if (base.mode == CP_MODE_A2A_P2P && !hybrid_all && A != 1 && A != P && A * A != P && 2 * A != P)
+                continue;
+            if (c.layout == CP_LAYOUT_ZIGZAG && d->sh.S % (2 * P))
+                continue;
+            const int heads_split = base.mode == CP_MODE_A2A ? P : c.A;
+            const int unsupported = d->sh.H % heads_split ||
+                                    (d->sh.Hkv % heads_split && heads_split % d->sh.Hkv);
+            run_out o;
+            s = run_cp(d, &c, &o);
+            if (unsupported) {
+                if (s != CP_ERROR_UNSUPPORTED)
+                    fail_msg("%s P=%d A=%d with %d/%d heads: expected CP_ERROR_UNSUPPORTED, got %d (%s)",
+                             mode_names[c.mode], P, c.A, d->sh.H, d->sh.Hkv, (int)s, o.error);
+                out_free(&o);
+                continue;
+            }
+            if (s != CP_SUCCESS)
+                fail_msg("%s P=%d A=%d %s: %s", mode_names[c.mode], P, c.A, dtype_names[c.dtype], o.error);
+            errs eP = errors(d, &o);
+            for (int i = 0; i < 5; i++) {
+                double limit = 1.25 * e1.e[i] + ratio_floor(c.dtype) * 0.01;
+                if (!(eP.e[i] <= limit))
+                    fail_msg("%s P=%d A=%d %s %s %s %s Hkv=%d%s%s: %s error %.4g at CP=P vs %.4g at CP=1 "
+                             "(ratio %.3f > 1.25)",
+                             mode_names[c.mode], P, c.A, dtype_names[c.dtype],
+                             c.layout ? "zigzag" : "contiguous", d->sh.causal ? "causal" : "nomask",
+                             c.format ? "SBHD" : "BSHD", d->sh.Hkv, c.strided ? " strided" : "",
+                             c.permuted ? " permuted" : "", err_names[i], eP.e[i], e1.e[i], eP.e[i] / e1.e[i]);
+            }
+            out_free(&o);
+        }
+    }
+}
+
+static void matrix(cp_mode mode, int hybrid_all)
+{
+    static const cp_dtype dtypes[] = { CP_DTYPE_F32, CP_DTYPE_F16, CP_DTYPE_BF16 };
+    static const int sizes[] = { 2, 3, 4, 8 };
+    int idx = 0;
+    for (int layout = 0; layout < 2; layout++)
+        for (int causal = 0; causal < 2; causal++)
+            for (int gqa = 0; gqa < 2; gqa++)
+                for (int ti = 0; ti < 3; ti++, idx++) {
+                    cpref_shape sh = { .B = 2, .S = 48, .H = 8, .Hkv = gqa ? 2 : 8, .D = 16,
+                                       .Dv = gqa ? 8 : 16, .causal = causal };
+                    sh.scale = 1.0 / sqrt((double)sh.D);
+                    cpref_data d;
+                    cpref_make(&d, &sh, dtypes[ti], 1000 + (uint64_t)idx * 7919 + (uint64_t)mode, 2.0);
+                    run_cfg base = { mode, (cp_layout)layout, dtypes[ti], idx % 2 ? CP_FORMAT_SBHD : CP_FORMAT_BSHD,
+                                     1, 1, 0, 0 };
+                    check_cp(&d, base, sizes, 4, hybrid_all);
+                    cpref_free(&d);
+                }
+}
+
+static void test_all_gather(void **state)
+{
+    (void)state;
+    matrix(CP_MODE_ALL_GATHER, 0);
+}
+
+static void test_p2p(void **state)
+{
+    (void)state;
+    matrix(CP_MODE_P2P, 0);
+}
+
+static void test_a2a(void **state)
+{
+    (void)state;
+    matrix(CP_MODE_A2A, 0);
+}
+
+static void test_a2a_p2p(void **state)
+{
+    (void)state;
+    matrix(CP_MODE_A2A_P2P, 1);
+}
+
+/* KV heads fewer than the a2a size: replicated for the exchange, their
+ * gradients summed on the way back. H = 8, Hkv = 1 and 2 on P = 4 and 8. */
+static void test_a2a_replicated_kv_heads(void **state)
+{
+    (void)state;
+    static const int sizes[] = { 4, 8 };
+    for (int hkv = 1; hkv <= 2; hkv++) {
+        cpref_shape sh = { .B = 1, .S = 64, .H = 8, .Hkv = hkv, .D = 16, .Dv = 16, .causal = 1 };
+        sh.scale = 0.3;
+        cpref_data d;
+        cpref_make(&d, &sh, CP_DTYPE_F32, 77 + (uint64_t)hkv, 2.0);
+        run_cfg base = { CP_MODE_A2A, CP_LAYOUT_ZIGZAG, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
+        check_cp(&d, base, sizes, 2, 0);
+        base.mode = CP_MODE_A2A_P2P;
+        check_cp(&d, base, sizes, 2, 1);
+        cpref_free(&d);
+    }
+}
+
+/* CP groups of non-contiguous world ranks (a world of 8 with tp = 2 split
+ * into two CP groups of 4) and with a permuted rank order. */
+static void test_strided_and_permuted_groups(void **state)
+{
+    (void)state;
+    cpref_shape sh = { .B = 2, .S = 64, .H = 8, .Hkv = 4, .D = 16, .Dv = 16, .causal = 1 };
+    sh.scale = 1.0 / 4;
+    cpref_data d;
+    cpref_make(&d, &sh, CP_DTYPE_F32, 4242, 2.0);
+    for (int mode = 0; mode < 4; mode++)
+        for (int variant = 1; variant <= 3; variant++) {
+            run_cfg base = { (cp_mode)mode, CP_LAYOUT_ZIGZAG, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
+            run_out o1, o;
+            base.P = 1;
+            assert_int_equal(run_cp(&d, &base, &o1), CP_SUCCESS);
+            run_cfg c = base;
+            c.P = 4;
+            c.A = mode == CP_MODE_A2A_P2P ? 2 : 1;
+            c.strided = variant & 1;
+            c.permuted = variant >> 1;
+            if (run_cp(&d, &c, &o) != CP_SUCCESS)
+                fail_msg("%s strided=%d permuted=%d: %s", mode_names[mode], c.strided, c.permuted, o.error);
+            errs e1 = errors(&d, &o1), eP = errors(&d, &o);
+            for (int i = 0; i < 5; i++)
+                if (!(eP.e[i] <= 1.25 * e1.e[i] + 1e-9))
+                    fail_msg("%s strided=%d permuted=%d: %s error %.3g vs %.3g at CP=1", mode_names[mode],
+                             c.strided, c.permuted, err_names[i], eP.e[i], e1.e[i]);
+            out_free(&o1);
+            out_free(&o);
+        }
+    cpref_free(&d);
+}
+
+/* Workspace per rank scales as tokens per rank: at a fixed global length,
+ * doubling the CP size halves it (within 10%) for p2p and a2a. */
+static void test_workspace_scales_with_tokens_per_rank(void **state)
+{
+    (void)state;
+    cpref_shape sh = { .B = 1, .S = 1024, .H = 8, .Hkv = 8, .D = 32, .Dv = 32, .causal = 1 };
+    sh.scale = 0.1;
+    cpref_data d;
+    cpref_make(&d, &sh, CP_DTYPE_BF16, 9, 1.0);
+    static const cp_mode modes[] = { CP_MODE_P2P, CP_MODE_A2A };
+    for (int mi = 0; mi < 2; mi++)
+        for (int layout = 0; layout < 2; layout++) {
+            size_t prev_f = 0, prev_b = 0;
+            for (int P = 2; P <= 8; P *= 2) {
+                run_cfg c = { modes[mi], (cp_layout)layout, CP_DTYPE_BF16, CP_FORMAT_BSHD, P, 1, 0, 0 };
+                run_out o;
+                if (run_cp(&d, &c, &o) != CP_SUCCESS)
+                    fail_msg("P=%d: %s", P, o.error);
+                if (prev_f) {
+                    double rf = (double)o.ws_fwd / (double)prev_f, rb = (double)o.ws_bwd / (double)prev_b;
+                    if (fabs(rf - 0.5) > 0.05 || fabs(rb - 0.5) > 0.05)
+                        fail_msg("%s %s: workspace P=%d -> %d: forward %zu -> %zu (x%.3f), backward %zu -> %zu "
+                                 "(x%.3f); expected x0.5 +- 10%%",
+                                 mode_names[modes[mi]], layout ? "zigzag" : "contiguous", P / 2, P, prev_f,
+                                 o.ws_fwd, rf, prev_b, o.ws_bwd, rb);
+                }
+                prev_f = o.ws_fwd;
+                prev_b = o.ws_bwd;
+                out_free(&o);
+            }
+        }
+    cpref_free(&d);
+}
+
+/* Ranks that pass different descriptors all get CP_ERROR_MISMATCH; a rank
+ * whose own descriptor is invalid gets CP_ERROR_INVALID_ARGUMENT and the
+ * others CP_ERROR_MISMATCH, at once (no waiting for a timeout). */
+typedef struct mm_job {
+    cp_comm *comm;
+    int rank;
+    int variant;
+    cp_status status;
+    char error[512];
+} mm_job;
+
+static void *mismatch_rank(void *arg)
+{
+    mm_job *j = arg;
+    cp_context *ctx = NULL;
+    cp_group *g = NULL;
+    cp_attn_plan *p = (cp_attn_plan *)j; /* must be cleared on failure */
+    cp_context_create(NULL, &ctx);
+    cp_group_config gc = CP_GROUP_CONFIG_INIT;
+    gc.timeout_ms = 20000;
+    cp_group_create(ctx, j->comm, &gc, &g);
+    cp_attn_desc d = CP_ATTN_DESC_INIT;
+    d.batch = 1;
+    d.seq_len = 64;
+    d.num_heads = 4;
+    d.num_kv_heads = 4;
+    d.head_dim = 8;
+    if (j->rank == 2) {
+        if (j->variant == 0)
+            d.seq_len = 128; /* valid, but not what the others say */
+        else
+            d.num_kv_heads = 3; /* invalid on its own */
+    }
+    j->status = cp_attn_plan_create(g, &d, &p);
+    snprintf(j->error, sizeof j->error, "%s", cp_last_error());
+    if (p != NULL)
+        j->status = CP_ERROR_INTERNAL;
+    cp_group_destroy(g);
+    cp_comm_destroy(j->comm);
+    cp_context_destroy(ctx);
+    return NULL;
+}
+
+static void test_mismatched_descriptors(void **state)
+{
+    (void)state;
+    for (int variant = 0; variant < 2; variant++) {
+        cp_comm *comms[4];
+        assert_int_equal(cp_comm_create_local(4, comms), CP_SUCCESS);
+        mm_job jobs[4];
+        pthread_t th[4];
+        for (int r = 0; r < 4; r++) {
+            jobs[r] = (mm_job){ comms[r], r, variant, CP_SUCCESS, "" };
+            pthread_create(&th[r], NULL, mismatch_rank, &jobs[r]);
+        }
+        for (int r = 0; r < 4; r++)
+            pthread_join(th[r], NULL);
+        for (int r = 0; r < 4; r++) {
+            cp_status want = variant == 1 && r == 2 ? CP_ERROR_INVALID_ARGUMENT : CP_ERROR_MISMATCH;
+            if (jobs[r].status != want)
+                fail_msg("variant %d rank %d: status %d, want %d (%s)", variant, r, (int)jobs[r].status,
+                         (int)want, jobs[r].error);
+            assert_true(strlen(jobs[r].error) > 0);
+        }
+        assert_non_null(strstr(jobs[2].error, variant ? "num_kv_heads = 3" : "different descriptors"));
+    }
+}
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    cp_context *ctx;
+    cp_comm *comm;
+    cp_group *g;
+    assert_int_equal(cp_context_create(NULL, &ctx), CP_SUCCESS);
+    assert_int_equal(cp_comm_create_local(1, &comm), CP_SUCCESS);
+    assert_int_equal(cp_group_create(ctx, comm, NULL, &g), CP_SUCCESS);
+    cp_attn_desc d = CP_ATTN_DESC_INIT;
+    d.batch = 2;
+    d.seq_len = 16;
+    d.num_heads = 4;
+    d.num_kv_heads = 2;
+    d.head_dim = 8;
+    cp_attn_plan *p = NULL;
+
+    EXPECT_ERROR(cp_attn_plan_create(g, &d, NULL), CP_ERROR_INVALID_ARGUMENT, "out");
+    EXPECT_ERROR(cp_attn_plan_create(NULL, &d, &p), CP_ERROR_INVALID_ARGUMENT, "g");
+    EXPECT_ERROR(cp_attn_plan_create(g, NULL, &p), CP_ERROR_INVALID_ARGUMENT, "desc");
+    cp_attn_desc b;
+#define CASE(stmt, status, needle)                                                     \
+    b = d;                                                                             \
+    stmt;                                                                              \
+    EXPECT_ERROR(cp_attn_plan_create(g, &b, &p), status, needle);                      \
+    assert_null(p);
+    CASE(b.struct_size = 8, CP_ERROR_INVALID_ARGUMENT, "struct_size = 8");
+    CASE(b.dtype = (cp_dtype)9, CP_ERROR_INVALID_ARGUMENT, "dtype = 9");
+    CASE(b.dtype = CP_DTYPE_F64, CP_ERROR_UNSUPPORTED, "F64");
+    CASE(b.format = (cp_format)5, CP_ERROR_INVALID_ARGUMENT, "format = 5");
+    CASE(b.batch = 0, CP_ERROR_INVALID_ARGUMENT, "batch = 0");
+    CASE(b.seq_len = -4, CP_ERROR_INVALID_ARGUMENT, "seq_len = -4");
+    CASE(b.num_heads = 0, CP_ERROR_INVALID_ARGUMENT, "num_heads = 0");
+    CASE(b.num_kv_heads = 3, CP_ERROR_INVALID_ARGUMENT, "num_kv_heads = 3");
+    CASE(b.head_dim = -1, CP_ERROR_INVALID_ARGUMENT, "head_dim = -1");
+    CASE(b.head_dim_v = -2, CP_ERROR_INVALID_ARGUMENT, "head_dim_v = -2");
+    CASE(b.mask = (cp_mask)3, CP_ERROR_INVALID_ARGUMENT, "mask = 3");
+    CASE(b.softmax_scale = NAN, CP_ERROR_INVALID_ARGUMENT, "softmax_scale");
+    CASE(b.layout = (cp_layout)2, CP_ERROR_INVALID_ARGUMENT, "layout = 2");
+    CASE(b.mode = (cp_mode)4, CP_ERROR_INVALID_ARGUMENT, "mode = 4");
+    CASE((b.batch = INT64_MAX / 2, b.seq_len = 1 << 20), CP_ERROR_INVALID_ARGUMENT, "overflow");
+    CASE((b.layout = CP_LAYOUT_ZIGZAG, b.seq_len = 1), CP_ERROR_INVALID_ARGUMENT, "seq_len = 1");
+#undef CASE
+
+    assert_int_equal(cp_attn_plan_create(g, &d, &p), CP_SUCCESS);
+    size_t wf = 0, wb = 0;
+    EXPECT_ERROR(cp_attn_workspace_size(NULL, &wf, &wb), CP_ERROR_INVALID_ARGUMENT, "p");
+    EXPECT_ERROR(cp_attn_workspace_size(p, NULL, NULL), CP_ERROR_INVALID_ARGUMENT, "NULL");
+    assert_int_equal(cp_attn_workspace_size(p, &wf, &wb), CP_SUCCESS);
+    assert_true(wf > 0 && wb > 0);
+    float buf[4096], lse[64];
+    EXPECT_ERROR(cp_attn_forward(NULL, buf, buf, buf, buf, lse, NULL, 0), CP_ERROR_INVALID_ARGUMENT, "p");
+    EXPECT_ERROR(cp_attn_forward(p, NULL, buf, buf, buf, lse, NULL, 0), CP_ERROR_INVALID_ARGUMENT, "q");
+    EXPECT_ERROR(cp_attn_forward(p, buf, buf, buf, buf, NULL, NULL, 0), CP_ERROR_INVALID_ARGUMENT, "lse");
+    EXPECT_ERROR(cp_attn_forward(p, buf, buf, buf, buf, lse, buf, wf - 1), CP_ERROR_INVALID_ARGUMENT,
+                 "workspace_bytes");
+    EXPECT_ERROR(cp_attn_backward(p, buf, buf, buf, buf, lse, buf, buf, buf, NULL, NULL, 0),
+                 CP_ERROR_INVALID_ARGUMENT, "dv");
+    cp_attn_plan_destroy(p);
+    cp_attn_plan_destroy(NULL);
+    cp_group_destroy(g);
+    cp_comm_destroy(comm);
+    cp_context_destroy(ctx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_mismatched_descriptors),
+        cmocka_unit_test(test_all_gather),
+        cmocka_unit_test(test_p2p),
+        cmocka_unit_test(test_a2a),
+        cmocka_unit_test(test_a2a_p2p),
+        cmocka_unit_test(test_a2a_replicated_kv_heads),
+        cmocka_unit_test(test_strided_and_permuted_groups),
+        cmocka_unit_test(test_workspace_scales_with_tokens_per_rank),
+    };
+    return cmocka_run_group_tests_name("attn", tests, NULL, NULL);
+}
