@@ -67,7 +67,8 @@ else
     result FAIL package-build "see build-packages/build.log"
     exit 1
 fi
-debs=$(ls "$out"/*.deb)
+# The -dbgsym packages are built and linted, not installed.
+debs=$(ls "$out"/*.deb | grep -v -- '-dbgsym_')
 if [ -n "$nvcc" ]; then
     if ls "$out"/libinfinicp1-cuda_*.deb >/dev/null 2>&1; then
         result PASS package-cuda "built with $nvcc"
@@ -80,21 +81,22 @@ fi
 
 echo "== lintian"
 # Errors and warnings fail; each override in debian/*.lintian-overrides says why.
-if lintian --fail-on error,warning --display-info "$out"/*.changes >"$out/lintian.log" 2>&1; then
+if lintian --fail-on error,warning --display-info --pedantic "$out"/*.changes >"$out/lintian.log" 2>&1; then
     result PASS lintian "$(grep -c '^[IP]:' "$out/lintian.log") info tags, no warnings or errors"
 else
     cat "$out/lintian.log"
     result FAIL lintian "$(grep -c '^[EW]:' "$out/lintian.log") errors and warnings"
 fi
 
-# Minimal Debian images tell dpkg not to unpack man pages
-# (/etc/dpkg/dpkg.cfg.d/excludes); let ours through for this test.
-man_include=/etc/dpkg/dpkg.cfg.d/zz-infinicp-manpages
-if grep -qs '^path-exclude=/usr/share/man' /etc/dpkg/dpkg.cfg.d/*; then
-    echo "== man pages are excluded by dpkg configuration; including libinfinicp's"
+# Minimal Debian images tell dpkg not to unpack man pages and documentation
+# (/etc/dpkg/dpkg.cfg.d/excludes); let ours through while this step runs.
+dpkg_include=/etc/dpkg/dpkg.cfg.d/zz-infinicp-packages-step
+trap '$SUDO rm -f "$dpkg_include"' EXIT
+if grep -Eqs '^path-exclude=/usr/share/(man|doc)' /etc/dpkg/dpkg.cfg.d/*; then
+    echo "== dpkg excludes man pages or documentation here; including libinfinicp's"
     printf '%s\n' "path-include=/usr/share/man/man1/infinicp-bench.1*" \
-        "path-include=/usr/share/man/man3/cp_*" "path-include=/usr/share/man/man7/infinicp*" |
-        $SUDO tee "$man_include" >/dev/null
+        "path-include=/usr/share/man/man3/cp_*" "path-include=/usr/share/man/man7/infinicp*" \
+        "path-include=/usr/share/doc/infinicp-doc/*" | $SUDO tee "$dpkg_include" >/dev/null
 fi
 
 pkgs=$(for d in $debs; do dpkg-deb -f "$d" Package; done)
@@ -111,7 +113,6 @@ else
     tail -n 30 "$out/apt.log"
     result FAIL install "see build-packages/apt.log"
     remove
-    $SUDO rm -f "$man_include"
     exit 1
 fi
 
@@ -123,7 +124,7 @@ for t in consumer-basic consumer-attn; do
     cat "$out/$t.log"
     case $rc in
     0) result PASS "$t" ;;
-    77) result SKIP "$t" "$(grep '^SKIP' "$out/$t.log" | head -n 1 | cut -d' ' -f3-)" ;;
+    77) result SKIP "$t" "$(sed -n 's/^.* skipped: //p' "$out/$t.log" | head -n 1)" ;;
     *) result FAIL "$t" "exit status $rc" ;;
     esac
 done
@@ -175,7 +176,6 @@ if echo "$pkgs" | grep -qx infinicp-doc; then
 fi
 
 remove
-$SUDO rm -f "$man_include"
 if dpkg -S "$lib" >/dev/null 2>&1 || [ -e "$lib" ]; then
     result FAIL remove "$lib still installed after apt-get purge"
 else
