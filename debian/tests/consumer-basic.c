@@ -15,7 +15,7 @@ static int failures;
 
 static void check(int ok, const char *what)
 {
-    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    printf("%s %s\n", ok ? "ok    " : "not ok", what);
     if (!ok)
         failures++;
 }
@@ -63,6 +63,6 @@ int main(int argc, char **argv)
         check(s == CP_SUCCESS || s == CP_ERROR_NOT_FOUND, "no CUDA module: CP_ERROR_NOT_FOUND");
     cp_context_destroy(ctx);
 
-    printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+    printf("consumer-basic: %d check(s) failed\n", failures);
     return failures != 0;
 }
