@@ -56,7 +56,7 @@ fi
     result FAIL package-source "see build-packages/source.log"
 
 profiles=""
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+nvcc=$(command -v nvcc || ls "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" 2>/dev/null || true)
 [ -n "$nvcc" ] || profiles=pkg.infinicp.nocuda
 options="nocheck"
 [ "${PACKAGES_RUN_TESTS:-0}" = 1 ] && options=""
