@@ -1,9 +1,10 @@
 #!/bin/sh
 # Install what building and testing libinfinicp needs on Debian 12, if missing.
 # Run as root (or through sudo). Safe to run again: installs nothing when all is there.
+# Arguments name further packages a step needs (scripts/packages.sh passes its own).
 set -eu
 pkgs="meson ninja-build gcc g++ pkg-config binutils libcmocka-dev mandoc valgrind
-      libopenmpi-dev openmpi-bin libjansson-dev libopenblas-dev doxygen"
+      libopenmpi-dev openmpi-bin libjansson-dev libopenblas-dev doxygen $*"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

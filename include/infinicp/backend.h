@@ -53,16 +53,23 @@ typedef struct cp_backend_ops {
     const char *name;     /**< "cpu", "cuda", ... */
     cp_device device;     /**< the device kind this backend drives */
 
+    /** Open device @p device_index on @p stream; *state receives the backend's state. */
     cp_status (*open)(int device_index, void *stream, int num_threads, void **state);
+    /** Release what open() acquired. */
     void (*close)(void *state);
+    /** Order later work on @p stream. */
     cp_status (*set_stream)(void *state, void *stream);
+    /** Wait until queued work has finished. */
     cp_status (*synchronize)(void *state);
 
+    /** Allocate @p bytes of device memory. */
     cp_status (*alloc)(void *state, size_t bytes, void **ptr);
+    /** Free memory from alloc(); NULL is a no-op. */
     void (*free)(void *state, void *ptr);
     /** height rows of width bytes, with pitches in bytes. */
     cp_status (*copy_2d)(void *state, void *dst, size_t dpitch, const void *src, size_t spitch,
                          size_t width, size_t height, cp_copy_kind kind);
+    /** Set @p bytes of device memory at @p dst to @p value. */
     cp_status (*memset)(void *state, void *dst, int value, size_t bytes);
     /** dst[i] = (dst_type) src[i] for i < count, through fp32 (or fp64). */
     cp_status (*convert)(void *state, void *dst, cp_dtype dst_type, const void *src,
@@ -74,22 +81,26 @@ typedef struct cp_backend_ops {
     /** Scratch bytes attn_forward (backward = 0) or attn_backward (1) needs for @p a. */
     cp_status (*attn_workspace_size)(void *state, const cp_kernel_attn_args *a, int backward,
                                      size_t *bytes);
+    /** The kernel behind cp_kernel_attn_forward(). */
     cp_status (*attn_forward)(void *state, const cp_kernel_attn_args *a);
+    /** The kernel behind cp_kernel_attn_backward(). */
     cp_status (*attn_backward)(void *state, const cp_kernel_attn_args *a);
+    /** The kernel behind cp_kernel_merge(). */
     cp_status (*merge)(void *state, const cp_kernel_merge_args *a);
 } cp_backend_ops;
 
-/**
- * A communication transport. Collectives are blocking for the calling rank
- * (on device backends: ordered on the stream of @c x->backend_state) and must
- * be called by every rank of the communicator in the same order.
- */
+/** Where the buffers of one transport call live, and how long it may wait. */
 typedef struct cp_xfer {
     const cp_backend_ops *backend; /**< where the buffers live; NULL = host memory */
     void *backend_state;           /**< that backend's state */
     int timeout_ms;                /**< longest wait for a peer; <= 0 = forever */
 } cp_xfer;
 
+/**
+ * A communication transport. Collectives are blocking for the calling rank
+ * (on device backends: ordered on the stream of @c x->backend_state) and must
+ * be called by every rank of the communicator in the same order.
+ */
 typedef struct cp_transport_ops {
     uint32_t abi_version; /**< #CP_MODULE_ABI_VERSION */
     size_t struct_size;   /**< sizeof(cp_transport_ops) as the module saw it */
@@ -108,6 +119,7 @@ typedef struct cp_transport_ops {
     /** recv = op over ranks of send (count elements); send == recv allowed. */
     cp_status (*all_reduce)(void *impl, const cp_xfer *x, const void *send, void *recv, size_t count,
                             cp_dtype dtype, cp_reduce_op op);
+    /** Return once every rank has called it. */
     cp_status (*barrier)(void *impl, const cp_xfer *x);
     /**
      * Collective: ranks with equal color form a new communicator ordered by
@@ -115,6 +127,7 @@ typedef struct cp_transport_ops {
      */
     cp_status (*split)(void *impl, int color, int key, int timeout_ms, void **out_impl, int *out_rank,
                        int *out_size);
+    /** Release this rank's instance. */
     void (*destroy)(void *impl);
 } cp_transport_ops;
 

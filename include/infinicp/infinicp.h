@@ -192,7 +192,9 @@ typedef struct cp_topology_config {
 
 /** Coordinates of a rank. cp = cp_a2a + cp_p2p * (a2a size). */
 typedef struct cp_coords {
+    /** Position along each axis, from 0 to that axis' size - 1. @{ */
     int tp, cp, dp, pp, cp_a2a, cp_p2p;
+    /** @} */
 } cp_coords;
 
 /* ------------------------------------------------------------------------ */
@@ -297,14 +299,22 @@ typedef struct cp_kernel_attn_args {
     cp_mask mask;          /**< causal on global positions, or none */
     double softmax_scale;  /**< 0 = 1/sqrt(head_dim) */
 
+    /** Query block and its strides. @{ */
     const void *q; int64_t q_stride_b, q_stride_s, q_stride_h;
+    /** @} */
+    /** Key block and its strides. @{ */
     const void *k; int64_t k_stride_b, k_stride_s, k_stride_h;
+    /** @} */
+    /** Value block and its strides. @{ */
     const void *v; int64_t v_stride_b, v_stride_s, v_stride_h;
-    /** forward: output; backward: the final forward output. */
+    /** @} */
+    /** forward: output; backward: the final forward output; and its strides. @{ */
     void *o; int64_t o_stride_b, o_stride_s, o_stride_h;
+    /** @} */
     cp_dtype o_dtype;      /**< type of o: dtype or #CP_DTYPE_F32 */
-    /** forward: output; backward: the final log-sum-exp (natural log). */
+    /** forward: output; backward: the final log-sum-exp (natural log); and its strides. @{ */
     float *lse; int64_t lse_stride_b, lse_stride_h;
+    /** @} */
     /**
      * forward only: 0 = overwrite (o, lse); 1 = (o, lse) hold a partial
      * result over other keys (o in F32) and this block is merged into it.
@@ -312,10 +322,18 @@ typedef struct cp_kernel_attn_args {
     int accumulate;
 
     /* backward only */
-    const void *dout; int64_t dout_stride_b, dout_stride_s, dout_stride_h; /**< dtype as o */
+    /** backward: gradient of the output (type as o) and its strides. @{ */
+    const void *dout; int64_t dout_stride_b, dout_stride_s, dout_stride_h;
+    /** @} */
+    /** backward: gradient of q (output) and its strides. @{ */
     void *dq; int64_t dq_stride_b, dq_stride_s, dq_stride_h;
+    /** @} */
+    /** backward: gradient of k (output) and its strides. @{ */
     void *dk; int64_t dk_stride_b, dk_stride_s, dk_stride_h;
+    /** @} */
+    /** backward: gradient of v (output) and its strides. @{ */
     void *dv; int64_t dv_stride_b, dv_stride_s, dv_stride_h;
+    /** @} */
     cp_dtype grad_dtype;   /**< type of dq, dk, dv: dtype or #CP_DTYPE_F32 */
     int grad_accumulate;   /**< 0 = overwrite dq, dk, dv; 1 = add into them */
 
@@ -324,7 +342,7 @@ typedef struct cp_kernel_attn_args {
     size_t workspace_bytes; /**< bytes at @c workspace */
 } cp_kernel_attn_args;
 
-/* Zero every field but struct_size, without -Wmissing-field-initializers. */
+/** Zero every field but struct_size, without -Wmissing-field-initializers (helper of the *_INIT macros). */
 #ifdef __cplusplus
 #define CP_INIT_SIZED_(T) ([] { T x_ = T(); x_.struct_size = sizeof(T); return x_; }())
 #else
@@ -346,12 +364,20 @@ typedef struct cp_kernel_merge_args {
     int64_t seq;         /**< rows */
     int32_t num_heads;   /**< heads */
     int32_t head_dim_v;  /**< values per head */
+    /** Partial result merged into (input and output) and its strides. @{ */
     void *o; int64_t o_stride_b, o_stride_s, o_stride_h;
+    /** @} */
     cp_dtype o_dtype;    /**< type of o (F32 keeps full precision) */
+    /** Log-sum-exp of o (input and output) and its strides. @{ */
     float *lse; int64_t lse_stride_b, lse_stride_h;
+    /** @} */
+    /** The other partial result and its strides. @{ */
     const void *o_part; int64_t o_part_stride_b, o_part_stride_s, o_part_stride_h;
+    /** @} */
     cp_dtype o_part_dtype; /**< type of o_part */
+    /** Log-sum-exp of o_part and its strides. @{ */
     const float *lse_part; int64_t lse_part_stride_b, lse_part_stride_h;
+    /** @} */
 } cp_kernel_merge_args;
 
 /** Zero-initialises every field but struct_size. */
