@@ -207,6 +207,107 @@ typedef enum cp_layout {
     CP_LAYOUT_ZIGZAG = 1      /**< rank r holds chunks r and 2P-1-r of 2P */
 } cp_layout;
 
+/**
+ * @brief Reassemble a sequence from every rank's share (collective over @p g).
+ *
+ * Each rank passes its share @p local, a [batch, seq_len / P, token_bytes]
+ * tensor in layout @p l (as cp_layout_shard() cuts it), and receives the
+ * whole [batch, seq_len, token_bytes] tensor in @p global. Both live on the
+ * group's context device. Every rank of the group calls it with the same
+ * layout and sizes.
+ * @param g the CP group (P = its size).
+ * @param l #CP_LAYOUT_CONTIGUOUS or #CP_LAYOUT_ZIGZAG.
+ * @param local this rank's share, batch * seq_len / P * token_bytes bytes.
+ * @param global receives batch * seq_len * token_bytes bytes; must not overlap @p local.
+ * @param batch rows, >= 1.
+ * @param seq_len GLOBAL sequence length; divisible by P (contiguous) or 2P (zigzag).
+ * @param token_bytes bytes per token, >= 1.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a bad argument;
+ *         #CP_ERROR_MISMATCH if ranks pass different sizes;
+ *         #CP_ERROR_TIMEOUT if a rank does not join within the group's timeout;
+ *         #CP_ERROR_OUT_OF_MEMORY; #CP_ERROR_BACKEND; #CP_ERROR_COMM.
+ */
+cp_status cp_layout_gather(cp_group *g, cp_layout l, const void *local, void *global, int64_t batch,
+                           int64_t seq_len, size_t token_bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Communicators                                                            */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Create an in-process world of @p nranks ranks.
+ *
+ * comms[i] is rank i. Each rank must be driven by its own thread: the
+ * collectives of a rank block until every rank of the world has called them
+ * (like ncclCommInitAll). Buffers may live in host memory or on any
+ * context's device; data moves through that device's backend.
+ * @param nranks ranks in the world, 1 to 4096.
+ * @param comms array of @p nranks pointers; receives the communicators
+ *        (all NULL on failure).
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL @p comms or an
+ *         out-of-range @p nranks; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_comm_create_local(int nranks, cp_comm **comms);
+
+/**
+ * @brief Wrap an MPI communicator (collective over it).
+ *
+ * Loads the transport module `transport-mpi.so` on first use. The library
+ * duplicates the communicator, so its traffic never mixes with the
+ * caller's; the caller's communicator is not owned and may be freed after
+ * this call. Destroy the result before MPI_Finalize. See <infinicp/mpi.h>
+ * for the typed wrapper cp_comm_create_mpi_comm().
+ * @param mpi_comm a pointer to an MPI_Comm, read during the call only.
+ * @param out receives the communicator.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL arguments, a
+ *         null communicator or MPI not initialised; #CP_ERROR_NOT_FOUND if
+ *         the module is not installed; #CP_ERROR_UNSUPPORTED for a module
+ *         of another ABI; #CP_ERROR_COMM if MPI fails; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_comm_create_mpi(void *mpi_comm, cp_comm **out);
+
+/**
+ * @brief Split a communicator (collective over @p c).
+ *
+ * Ranks passing the same non-negative @p color form a new communicator,
+ * ordered by (@p key, old rank). A rank passing a negative color takes
+ * part in the call but joins none (*out = NULL). Waits at most 5 minutes
+ * for the other ranks.
+ * @param c the communicator.
+ * @param color the new group; negative = none.
+ * @param key the order inside the new group.
+ * @param out receives the new communicator, or NULL.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL argument;
+ *         #CP_ERROR_MISMATCH if some rank makes another collective call;
+ *         #CP_ERROR_TIMEOUT; #CP_ERROR_COMM; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_comm_split(cp_comm *c, int color, int key, cp_comm **out);
+
+/**
+ * @brief This rank's index in the communicator.
+ * @param c the communicator.
+ * @param rank receives the rank (-1 on failure).
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_comm_rank(const cp_comm *c, int *rank);
+
+/**
+ * @brief Number of ranks of the communicator.
+ * @param c the communicator.
+ * @param size receives the size (0 on failure).
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_comm_size(const cp_comm *c, int *size);
+
+/**
+ * @brief Destroy this rank's communicator (not collective).
+ *
+ * Every group using it must be gone. Peers of a local world that still
+ * wait for this rank get #CP_ERROR_COMM.
+ * @param c the communicator, or NULL (no-op).
+ */
+void cp_comm_destroy(cp_comm *c);
+
 /* ------------------------------------------------------------------------ */
 /* CP groups                                                                */
 /* ------------------------------------------------------------------------ */
@@ -221,6 +322,50 @@ typedef struct cp_group_config {
 
 /** Defaults: a2a_size 1, timeout 5 minutes, 2 compute streams. */
 #define CP_GROUP_CONFIG_INIT { sizeof(cp_group_config), 1, 300000, 2 }
+
+/**
+ * @brief Create a CP group: a context plus the CP communicator (collective
+ *        over @p comm).
+ *
+ * Splits @p comm into the a2a sub-groups (cfg->a2a_size consecutive ranks)
+ * and the p2p sub-groups (the ranks with equal rank % a2a_size) that the
+ * hybrid mode needs, also when a2a_size is 1. Every rank passes the same
+ * a2a_size.
+ * @param ctx the device the group's work runs on; not owned, outlives the group.
+ * @param comm the CP communicator; not owned, outlives the group.
+ * @param cfg configuration; NULL means #CP_GROUP_CONFIG_INIT.
+ * @param out receives the group.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL arguments, a bad
+ *         struct_size, an a2a_size that does not divide the communicator
+ *         size, timeout_ms <= 0 or num_streams outside [1, 64];
+ *         #CP_ERROR_MISMATCH if ranks pass different a2a sizes;
+ *         #CP_ERROR_TIMEOUT; #CP_ERROR_COMM; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_group_create(cp_context *ctx, cp_comm *comm, const cp_group_config *cfg, cp_group **out);
+
+/**
+ * @brief This rank's index in the group's CP communicator.
+ * @param g the group.
+ * @param rank receives the rank (-1 on failure).
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_group_rank(const cp_group *g, int *rank);
+
+/**
+ * @brief Number of ranks of the group (the CP size).
+ * @param g the group.
+ * @param size receives the size (0 on failure).
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_group_size(const cp_group *g, int *size);
+
+/**
+ * @brief Destroy this rank's group and its sub-communicators (not collective).
+ *
+ * Every plan using it must be gone. The context and CP communicator stay.
+ * @param g the group, or NULL (no-op).
+ */
+void cp_group_destroy(cp_group *g);
 
 /* ------------------------------------------------------------------------ */
 /* CP attention                                                             */

@@ -14,4 +14,18 @@ struct cp_comm {
 
 cp_status cpi_comm_wrap(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out);
 
+/* cp_comm_split with a wait limit for the peers (timeout_ms <= 0: forever). */
+cp_status cpi_comm_split(cp_comm *c, int color, int key, int timeout_ms, cp_comm **out);
+
+/* The transfer with a backend table filled in: NULL means host memory, and
+ * host memory is served by the CPU backend, whose copies, conversions and
+ * reductions need no state. Transports then always have a table. */
+cp_xfer cpi_xfer_resolve(const cp_xfer *x);
+
+/* The built-in in-process transport (local.c). */
+extern const cp_transport_ops cpi_local_transport;
+
+/* Default wait for peers where no group supplies one (CP_GROUP_CONFIG_INIT). */
+#define CPI_DEFAULT_TIMEOUT_MS 300000
+
 #endif

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: MIT */
+/* The checked entry points to a communicator's collectives. Everything in
+ * the library moves data through these: they validate what one rank can
+ * validate alone (the transports compare ranks with each other), then
+ * dispatch to the transport. */
+#include <stdint.h>
+
+#include "comm/group.h"
+
+cp_xfer cpi_xfer_resolve(const cp_xfer *x)
+{
+    cp_xfer r = *x;
+    if (!r.backend) {
+        r.backend = cpi_cpu_backend();
+        r.backend_state = NULL;
+    }
+    return r;
+}
+
+static cp_status check_comm(const char *name, const cp_comm *c, const cp_xfer *x)
+{
+    CPI_CHECK(c != NULL, "%s: comm is NULL", name);
+    CPI_CHECK(x != NULL, "%s: xfer is NULL", name);
+    return CP_SUCCESS;
+}
+
+static cp_status check_buffer(const char *name, const char *what, const void *p, size_t bytes)
+{
+    CPI_CHECK(p != NULL || bytes == 0, "%s: %s is NULL for %zu bytes", name, what, bytes);
+    return CP_SUCCESS;
+}
+
+/* bytes * factor, or an error naming the argument. */
+static cp_status checked_mul(const char *name, const char *what, size_t bytes, size_t factor, size_t *out)
+{
+    CPI_CHECK(cpi_mul(bytes, factor, out), "%s: %s = %zu times %zu overflows size_t", name, what, bytes,
+              factor);
+    return CP_SUCCESS;
+}
+
+static bool overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return an && bn && x < y + bn && y < x + an;
+}
+
+static cp_status check_reduction(const char *name, cp_dtype dtype, cp_reduce_op op)
+{
+    CPI_CHECK(cpi_dtype_valid(dtype), "%s: dtype = %d (not a cp_dtype)", name, (int)dtype);
+    CPI_CHECK(op == CP_REDUCE_SUM || op == CP_REDUCE_MAX,
+              "%s: op = %d (must be CP_REDUCE_SUM (0) or CP_REDUCE_MAX (1))", name, (int)op);
+    return CP_SUCCESS;
+}
+
+cp_status cpi_all_gather(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes)
+{
+    static const char name[] = "all_gather";
+    size_t total;
+    CPI_TRY(check_comm(name, c, x));
+    CPI_TRY(checked_mul(name, "bytes", bytes, (size_t)c->size, &total));
+    CPI_TRY(check_buffer(name, "send", send, bytes));
+    CPI_TRY(check_buffer(name, "recv", recv, bytes));
+    /* In place means send is this rank's own block of recv. */
+    const char *own = (const char *)recv + (size_t)c->rank * bytes;
+    CPI_CHECK(send == own || !overlap(send, bytes, recv, total),
+              "%s: send %p overlaps recv %p but is not its block %d (in place is send == recv + rank*bytes)",
+              name, send, recv, c->rank);
+    cp_xfer r = cpi_xfer_resolve(x);
+    return c->ops->all_gather(c->impl, &r, send, recv, bytes);
+}
+
+cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
+                             cp_dtype dtype, cp_reduce_op op)
+{
+    static const char name[] = "reduce_scatter";
+    size_t block, total;
+    CPI_TRY(check_comm(name, c, x));
+    CPI_TRY(check_reduction(name, dtype, op));
+    CPI_TRY(checked_mul(name, "count", count, cpi_dtype_size(dtype), &block));
+    CPI_TRY(checked_mul(name, "count", block, (size_t)c->size, &total));
+    CPI_TRY(check_buffer(name, "send", send, total));
+    CPI_TRY(check_buffer(name, "recv", recv, block));
+    cp_xfer r = cpi_xfer_resolve(x);
+    return c->ops->reduce_scatter(c->impl, &r, send, recv, count, dtype, op);
+}
+
+cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes)
+{
+    static const char name[] = "all_to_all";
+    size_t total;
+    CPI_TRY(check_comm(name, c, x));
+    CPI_TRY(checked_mul(name, "bytes", bytes, (size_t)c->size, &total));
+    CPI_TRY(check_buffer(name, "send", send, bytes));
+    CPI_TRY(check_buffer(name, "recv", recv, bytes));
+    CPI_CHECK(!overlap(send, total, recv, total), "%s: send %p and recv %p overlap (%zu bytes each)", name,
+              send, recv, total);
+    cp_xfer r = cpi_xfer_resolve(x);
+    return c->ops->all_to_all(c->impl, &r, send, recv, bytes);
+}
+
+cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
+                       void *recv, size_t recv_bytes, int src)
+{
+    static const char name[] = "sendrecv";
+    CPI_TRY(check_comm(name, c, x));
+    CPI_CHECK(dst >= 0 && dst < c->size, "%s: dst = %d (must be in [0, %d))", name, dst, c->size);
+    CPI_CHECK(src >= 0 && src < c->size, "%s: src = %d (must be in [0, %d))", name, src, c->size);
+    CPI_TRY(check_buffer(name, "send", send, send_bytes));
+    CPI_TRY(check_buffer(name, "recv", recv, recv_bytes));
+    CPI_CHECK(!overlap(send, send_bytes, recv, recv_bytes), "%s: send %p (%zu bytes) and recv %p (%zu bytes) overlap",
+              name, send, send_bytes, recv, recv_bytes);
+    cp_xfer r = cpi_xfer_resolve(x);
+    return c->ops->sendrecv(c->impl, &r, send, send_bytes, dst, recv, recv_bytes, src);
+}
+
+cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
+                         cp_dtype dtype, cp_reduce_op op)
+{
+    static const char name[] = "all_reduce";
+    size_t bytes;
+    CPI_TRY(check_comm(name, c, x));
+    CPI_TRY(check_reduction(name, dtype, op));
+    CPI_TRY(checked_mul(name, "count", count, cpi_dtype_size(dtype), &bytes));
+    CPI_TRY(check_buffer(name, "send", send, bytes));
+    CPI_TRY(check_buffer(name, "recv", recv, bytes));
+    CPI_CHECK(send == recv || !overlap(send, bytes, recv, bytes),
+              "%s: send %p and recv %p overlap without being equal", name, send, (void *)recv);
+    cp_xfer r = cpi_xfer_resolve(x);
+    return c->ops->all_reduce(c->impl, &r, send, recv, count, dtype, op);
+}
+
+cp_status cpi_barrier(cp_comm *c, const cp_xfer *x)
+{
+    CPI_TRY(check_comm("barrier", c, x));
+    cp_xfer r = cpi_xfer_resolve(x);
+    return c->ops->barrier(c->impl, &r);
+}

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+/* cp_group: a context, the CP communicator, and the a2a / p2p
+ * sub-communicators the hybrid mode runs its two stages on. */
+#include <stdlib.h>
+
+#include "comm/group.h"
+
+/* First published cp_group_config: everything up to num_streams. */
+#define GROUP_CONFIG_V1_SIZE (offsetof(cp_group_config, num_streams) + sizeof(int))
+
+/* More compute streams than this buys no further overlap. */
+#define MAX_STREAMS 64
+
+static cp_status check_config(const cp_group_config *c, int size)
+{
+    CPI_CHECK(c->a2a_size >= 1, "cp_group_create: cfg->a2a_size = %d (must be >= 1)", c->a2a_size);
+    CPI_CHECK(size % c->a2a_size == 0,
+              "cp_group_create: cfg->a2a_size = %d does not divide the communicator size %d", c->a2a_size,
+              size);
+    CPI_CHECK(c->timeout_ms > 0, "cp_group_create: cfg->timeout_ms = %d (must be > 0)", c->timeout_ms);
+    CPI_CHECK(c->num_streams >= 1 && c->num_streams <= MAX_STREAMS,
+              "cp_group_create: cfg->num_streams = %d (must be in [1, %d])", c->num_streams, MAX_STREAMS);
+    return CP_SUCCESS;
+}
+
+/* Ranks with different a2a sizes would split into inconsistent sub-groups:
+ * compare (max, -min) over the communicator first. */
+static cp_status check_agreement(cp_comm *comm, const cp_group_config *c)
+{
+    double v[2] = { c->a2a_size, -c->a2a_size };
+    cp_xfer host = { NULL, NULL, c->timeout_ms };
+    CPI_TRY(cpi_all_reduce(comm, &host, v, v, 2, CP_DTYPE_F64, CP_REDUCE_MAX));
+    if (v[0] != -v[1])
+        return cpi_error(CP_ERROR_MISMATCH, "cp_group_create: ranks disagree on cfg->a2a_size (%g to %g)",
+                         -v[1], v[0]);
+    return CP_SUCCESS;
+}
+
+CP_EXPORT cp_status cp_group_create(cp_context *ctx, cp_comm *comm, const cp_group_config *cfg, cp_group **out)
+{
+    CPI_CHECK_PTR(out);
+    *out = NULL;
+    CPI_CHECK_PTR(ctx);
+    CPI_CHECK_PTR(comm);
+    static const cp_group_config defaults = CP_GROUP_CONFIG_INIT;
+    cp_group_config c;
+    CPI_TRY(cpi_copy_config(&c, sizeof c, &defaults, cfg, GROUP_CONFIG_V1_SIZE, __func__, "cfg"));
+    CPI_TRY(check_config(&c, comm->size));
+    CPI_TRY(check_agreement(comm, &c));
+
+    cp_group *g = cpi_calloc(1, sizeof *g);
+    if (!g)
+        return CP_ERROR_OUT_OF_MEMORY;
+    g->ctx = ctx;
+    g->comm = comm;
+    g->cfg = c;
+    g->rank = comm->rank;
+    g->size = comm->size;
+    /* a2a: consecutive blocks of a2a_size ranks; p2p: one rank of each block. */
+    int a = c.a2a_size;
+    cp_status s = cpi_comm_split(comm, comm->rank / a, comm->rank, c.timeout_ms, &g->a2a);
+    if (s == CP_SUCCESS)
+        s = cpi_comm_split(comm, comm->rank % a, comm->rank, c.timeout_ms, &g->p2p);
+    if (s != CP_SUCCESS) {
+        cp_group_destroy(g);
+        return s;
+    }
+    *out = g;
+    return CP_SUCCESS;
+}
+
+CP_EXPORT cp_status cp_group_rank(const cp_group *g, int *rank)
+{
+    CPI_CHECK_PTR(rank);
+    *rank = -1;
+    CPI_CHECK_PTR(g);
+    *rank = g->rank;
+    return CP_SUCCESS;
+}
+
+CP_EXPORT cp_status cp_group_size(const cp_group *g, int *size)
+{
+    CPI_CHECK_PTR(size);
+    *size = 0;
+    CPI_CHECK_PTR(g);
+    *size = g->size;
+    return CP_SUCCESS;
+}
+
+CP_EXPORT void cp_group_destroy(cp_group *g)
+{
+    if (!g)
+        return;
+    cp_comm_destroy(g->a2a);
+    cp_comm_destroy(g->p2p);
+    free(g);
+}

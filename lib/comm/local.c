@@ -1,0 +1,547 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The in-process transport: the ranks of a world are threads of one process
+ * (each rank driven by its own thread, as with ncclCommInitAll), and data
+ * moves through the buffers' own backend tables, so buffers may live in host
+ * memory or on any device.
+ *
+ * Every collective is two rendezvous:
+ *  - arrival: each rank posts a descriptor of its call (cpi_call) and a
+ *    pointer to its send buffer, then waits for all. Now every rank sees every
+ *    descriptor; ranks that disagree all return CP_ERROR_MISMATCH before any
+ *    byte moves. A rank that does not arrive within the timeout makes the
+ *    others return CP_ERROR_TIMEOUT, and the world is marked broken.
+ *  - departure: each rank pulls what it needs from its peers' send buffers
+ *    into its own memory, posts its status and waits for all. After it, no
+ *    rank reads another's buffers any more, so results that alias the send
+ *    buffer (in-place reductions) are written only now. Every rank that
+ *    arrived is inside the library and will depart, so this wait has no
+ *    deadline: a rank never returns while a peer may still read its buffers.
+ *
+ * Slots are written by their owner only between its own arrival and
+ * departure, and read by peers only in that same window, so the two
+ * rendezvous (whose mutex orders memory) are all the locking data needs.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/call.h"
+#include "comm/comm.h"
+#include "core/context.h"
+
+/* Ranks of one in-process world; each needs a thread of its own. */
+#define LOCAL_MAX_RANKS 4096
+
+/* Elements widened and reduced per step: bounds the staging beyond the
+ * full-size accumulator. */
+#define REDUCE_CHUNK ((size_t)1 << 16)
+
+typedef struct world world;
+
+struct world {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* on CLOCK_MONOTONIC */
+    int size;
+    int alive;          /* communicators not yet destroyed */
+    int arrived;        /* at the current rendezvous */
+    uint64_t gen;       /* rendezvous completed so far */
+    cp_status broken;   /* CP_SUCCESS while usable */
+    char why[256];      /* what broke it */
+    /* one entry per rank */
+    uint64_t *waiting;  /* gen + 1 while the rank waits in rendezvous gen */
+    cpi_call *calls;    /* the call each rank entered */
+    const void **sends; /* its send buffer */
+    int32_t *done;      /* its status at departure */
+    world **made;       /* split: the new world its members share */
+};
+
+typedef struct local_comm {
+    world *w;
+    int rank;
+    int32_t kind; /* the call in progress, for messages */
+} local_comm;
+
+static void world_free_arrays(world *w)
+{
+    free(w->waiting);
+    free(w->calls);
+    free(w->sends);
+    free(w->done);
+    free(w->made);
+    free(w);
+}
+
+static void world_free(world *w)
+{
+    if (!w)
+        return;
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    world_free_arrays(w);
+}
+
+static bool init_sync(world *w)
+{
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0)
+        return false;
+    bool ok = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&w->cv, &attr) == 0;
+    pthread_condattr_destroy(&attr);
+    if (ok && pthread_mutex_init(&w->mu, NULL) != 0) {
+        pthread_cond_destroy(&w->cv);
+        ok = false;
+    }
+    return ok;
+}
+
+static world *world_create(int size, int alive)
+{
+    world *w = cpi_calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    w->size = size;
+    w->alive = alive;
+    w->waiting = cpi_calloc((size_t)size, sizeof *w->waiting);
+    w->calls = cpi_calloc((size_t)size, sizeof *w->calls);
+    w->sends = cpi_calloc((size_t)size, sizeof *w->sends);
+    w->done = cpi_calloc((size_t)size, sizeof *w->done);
+    w->made = cpi_calloc((size_t)size, sizeof *w->made);
+    if (!w->waiting || !w->calls || !w->sends || !w->done || !w->made || !init_sync(w)) {
+        world_free_arrays(w);
+        cpi_error(CP_ERROR_OUT_OF_MEMORY, "local transport: cannot create a world of %d ranks", size);
+        return NULL;
+    }
+    return w;
+}
+
+static void deadline_after(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* With the lock held: mark the world unusable and wake every waiter. */
+static void world_break(world *w, cp_status s, const char *why)
+{
+    if (w->broken != CP_SUCCESS)
+        return;
+    w->broken = s;
+    snprintf(w->why, sizeof w->why, "%s", why);
+    pthread_cond_broadcast(&w->cv);
+}
+
+/* With the lock held: "rank 3" or "ranks 3, 5" for those not waiting in gen. */
+static void list_missing(const world *w, char *buf, size_t cap)
+{
+    int n = 0;
+    size_t used = 0;
+    for (int j = 0; j < w->size && used < cap; j++) {
+        if (w->waiting[j] == w->gen + 1)
+            continue;
+        int k = snprintf(buf + used, cap - used, "%s%d", n ? ", " : "", j);
+        used += k > 0 ? (size_t)k : 0;
+        n++;
+    }
+    if (n == 0)
+        snprintf(buf, cap, "(none)");
+}
+
+/* Wait until every rank of the world has arrived here; timeout_ms <= 0 waits
+ * as long as it takes. */
+static cp_status rendezvous(local_comm *c, int timeout_ms)
+{
+    world *w = c->w;
+    struct timespec deadline;
+    if (timeout_ms > 0)
+        deadline_after(&deadline, timeout_ms);
+    pthread_mutex_lock(&w->mu);
+    uint64_t gen = w->gen;
+    if (w->broken == CP_SUCCESS) {
+        w->waiting[c->rank] = gen + 1;
+        if (++w->arrived == w->size) {
+            w->arrived = 0;
+            w->gen++;
+            pthread_cond_broadcast(&w->cv);
+        }
+    }
+    /* A completed rendezvous counts even if the world broke right after. */
+    while (w->gen == gen && w->broken == CP_SUCCESS) {
+        int rc = timeout_ms > 0 ? pthread_cond_timedwait(&w->cv, &w->mu, &deadline)
+                                : pthread_cond_wait(&w->cv, &w->mu);
+        if (rc == ETIMEDOUT && w->gen == gen && w->broken == CP_SUCCESS) {
+            char missing[128], why[256];
+            list_missing(w, missing, sizeof missing);
+            snprintf(why, sizeof why, "%s timed out after %d ms on rank %d of %d waiting for rank(s) %s",
+                     cpi_call_name(c->kind), timeout_ms, c->rank, w->size, missing);
+            world_break(w, CP_ERROR_TIMEOUT, why);
+        }
+    }
+    cp_status s = w->gen != gen ? CP_SUCCESS : w->broken;
+    char why[256];
+    memcpy(why, w->why, sizeof why);
+    pthread_mutex_unlock(&w->mu);
+    if (s != CP_SUCCESS)
+        return cpi_error(s, "local %s: %s", cpi_call_name(c->kind), why);
+    return CP_SUCCESS;
+}
+
+/* Departure: post this rank's status, wait for all, and fail on every rank
+ * if any rank failed (each failing rank keeps its own message). */
+static cp_status leave(local_comm *c, const cp_xfer *x, cp_status s)
+{
+    world *w = c->w;
+    /* My reads of peers' buffers must be complete before they may reuse them. */
+    if (s == CP_SUCCESS && x)
+        s = x->backend->synchronize(x->backend_state);
+    w->done[c->rank] = (int32_t)s;
+    cp_status r = rendezvous(c, 0);
+    if (s != CP_SUCCESS)
+        return s;
+    if (r != CP_SUCCESS)
+        return r;
+    for (int j = 0; j < w->size; j++)
+        if (w->done[j] != CP_SUCCESS)
+            return cpi_error(CP_ERROR_COMM, "local %s: rank %d failed during the exchange (%s)",
+                             cpi_call_name(c->kind), j, cp_status_string((cp_status)w->done[j]));
+    return CP_SUCCESS;
+}
+
+/* Arrival: post this rank's call, wait for all, compare. On any failure
+ * but a failed rendezvous, every rank has already departed together. */
+static cp_status enter(local_comm *c, const cp_xfer *x, cpi_call call, const void *send, int timeout_ms)
+{
+    world *w = c->w;
+    c->kind = call.kind;
+    /* Peers read send as soon as all have arrived: work queued on this
+     * rank's stream must have produced it by then. */
+    if (call.status == CP_SUCCESS && x)
+        call.status = (int32_t)x->backend->synchronize(x->backend_state);
+    w->calls[c->rank] = call;
+    w->sends[c->rank] = send;
+    CPI_TRY(rendezvous(c, timeout_ms));
+
+    cp_status s = CP_SUCCESS;
+    char why[256];
+    int f = cpi_call_failed_rank(w->calls, w->size);
+    if (f == c->rank)
+        s = (cp_status)call.status; /* the message is this thread's already */
+    else if (f >= 0)
+        s = cpi_error(CP_ERROR_COMM, "local %s: rank %d failed before the exchange (%s)",
+                      cpi_call_name(call.kind), f, cp_status_string((cp_status)w->calls[f].status));
+    else if (!cpi_call_agree(w->calls, w->size, why, sizeof why))
+        s = cpi_error(CP_ERROR_MISMATCH, "local transport, rank %d: %s", c->rank, why);
+    if (s != CP_SUCCESS) {
+        /* Everyone failed alike; depart together so no slot is reused early. */
+        w->done[c->rank] = (int32_t)s;
+        rendezvous(c, 0);
+    }
+    return s;
+}
+
+/* A copy between two buffers on (or reachable from) this rank's device. */
+static cp_status copy(const cp_xfer *x, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || dst == src)
+        return CP_SUCCESS;
+    cp_copy_kind kind = x->backend->device == CP_DEVICE_CPU ? CP_COPY_HOST_TO_HOST : CP_COPY_DEVICE_TO_DEVICE;
+    return x->backend->copy_2d(x->backend_state, dst, bytes, src, bytes, bytes, 1, kind);
+}
+
+/* ---- the collectives ---------------------------------------------------- */
+
+static cp_status local_all_gather(void *impl, const cp_xfer *xin, const void *send, void *recv, size_t bytes)
+{
+    local_comm *c = impl;
+    cp_xfer x = cpi_xfer_resolve(xin);
+    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_ALL_GATHER, bytes, -1, -1), send, x.timeout_ms));
+    cp_status s = CP_SUCCESS;
+    for (int j = 0; j < c->w->size && s == CP_SUCCESS; j++)
+        s = copy(&x, (char *)recv + (size_t)j * bytes, c->w->sends[j], bytes);
+    return leave(c, &x, s);
+}
+
+static cp_status local_all_to_all(void *impl, const cp_xfer *xin, const void *send, void *recv, size_t bytes)
+{
+    local_comm *c = impl;
+    cp_xfer x = cpi_xfer_resolve(xin);
+    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_ALL_TO_ALL, bytes, -1, -1), send, x.timeout_ms));
+    cp_status s = CP_SUCCESS;
+    for (int j = 0; j < c->w->size && s == CP_SUCCESS; j++)
+        s = copy(&x, (char *)recv + (size_t)j * bytes, (const char *)c->w->sends[j] + (size_t)c->rank * bytes,
+                 bytes);
+    return leave(c, &x, s);
+}
+
+static cp_status local_sendrecv(void *impl, const cp_xfer *xin, const void *send, size_t send_bytes, int dst,
+                                void *recv, size_t recv_bytes, int src)
+{
+    local_comm *c = impl;
+    cp_xfer x = cpi_xfer_resolve(xin);
+    cpi_call call = cpi_call_make(CPI_CALL_SENDRECV, send_bytes, -1, -1);
+    call.a = dst;
+    call.b = src;
+    call.recv = recv_bytes;
+    CPI_TRY(enter(c, &x, call, send, x.timeout_ms));
+    return leave(c, &x, copy(&x, recv, c->w->sends[src], recv_bytes));
+}
+
+static cp_status local_barrier(void *impl, const cp_xfer *xin)
+{
+    local_comm *c = impl;
+    cp_xfer x = cpi_xfer_resolve(xin);
+    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_BARRIER, 0, -1, -1), NULL, x.timeout_ms));
+    return leave(c, &x, CP_SUCCESS);
+}
+
+/*
+ * Reductions accumulate in a buffer of their own on this rank's device:
+ * F32 for F16/BF16 inputs (so a sum over any number of ranks is rounded to
+ * the storage type once), the input type otherwise. Peers' blocks are first
+ * copied to this device, so kernels only touch local memory.
+ */
+typedef struct stage {
+    cp_dtype dtype, wide; /* storage and accumulation types */
+    size_t count, chunk;
+    void *acc;            /* count elements of wide */
+    void *raw;            /* chunk elements of dtype: a peer's block */
+    void *widened;        /* chunk elements of wide (only when wide != dtype) */
+} stage;
+
+static void stage_free(const cp_xfer *x, stage *st)
+{
+    const cp_backend_ops *b = x->backend;
+    if (st->acc || st->raw || st->widened)
+        b->synchronize(x->backend_state); /* queued work may still use them */
+    if (st->acc)
+        b->free(x->backend_state, st->acc);
+    if (st->raw)
+        b->free(x->backend_state, st->raw);
+    if (st->widened)
+        b->free(x->backend_state, st->widened);
+}
+
+static cp_status stage_alloc(const cp_xfer *x, size_t count, cp_dtype dtype, stage *st)
+{
+    const cp_backend_ops *b = x->backend;
+    st->dtype = dtype;
+    st->wide = dtype == CP_DTYPE_F16 || dtype == CP_DTYPE_BF16 ? CP_DTYPE_F32 : dtype;
+    st->count = count;
+    st->chunk = count < REDUCE_CHUNK ? count : REDUCE_CHUNK;
+    size_t esize = cpi_dtype_size(dtype), wsize = cpi_dtype_size(st->wide), acc_bytes;
+    if (!cpi_mul(count, wsize, &acc_bytes))
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "local reduction: count = %zu overflows", count);
+    CPI_TRY(b->alloc(x->backend_state, acc_bytes, &st->acc));
+    CPI_TRY(b->alloc(x->backend_state, st->chunk * esize, &st->raw));
+    if (st->wide != dtype)
+        CPI_TRY(b->alloc(x->backend_state, st->chunk * wsize, &st->widened));
+    return CP_SUCCESS;
+}
+
+/* acc = op over ranks j of elements [first, first + count) of send_j. */
+static cp_status stage_reduce(const local_comm *c, const cp_xfer *x, stage *st, size_t first, cp_reduce_op op)
+{
+    const cp_backend_ops *b = x->backend;
+    void *bs = x->backend_state;
+    size_t esize = cpi_dtype_size(st->dtype), wsize = cpi_dtype_size(st->wide);
+    bool widen = st->wide != st->dtype;
+    for (size_t i = 0; i < st->count; i += st->chunk) {
+        size_t m = st->count - i < st->chunk ? st->count - i : st->chunk;
+        char *acc = (char *)st->acc + i * wsize;
+        for (int j = 0; j < c->w->size; j++) {
+            const char *src = (const char *)c->w->sends[j] + (first + i) * esize;
+            /* The first block initialises the accumulator, later ones add in. */
+            void *into = j == 0 ? (void *)acc : widen ? st->widened : st->raw;
+            if (widen) {
+                CPI_TRY(copy(x, st->raw, src, m * esize));
+                CPI_TRY(b->convert(bs, into, st->wide, st->raw, st->dtype, m));
+            } else {
+                CPI_TRY(copy(x, into, src, m * esize));
+            }
+            if (j > 0)
+                CPI_TRY(b->reduce(bs, acc, into, st->wide, m, op));
+        }
+    }
+    return CP_SUCCESS;
+}
+
+static cp_status stage_store(const cp_xfer *x, const stage *st, void *recv)
+{
+    if (st->wide != st->dtype)
+        return x->backend->convert(x->backend_state, recv, st->dtype, st->acc, st->wide, st->count);
+    return copy(x, recv, st->acc, st->count * cpi_dtype_size(st->dtype));
+}
+
+static cp_status local_reduce(local_comm *c, const cp_xfer *xin, cpi_call_kind kind, const void *send,
+                              void *recv, size_t count, cp_dtype dtype, cp_reduce_op op)
+{
+    cp_xfer x = cpi_xfer_resolve(xin);
+    stage st = { 0 };
+    cpi_call call = cpi_call_make(kind, count, (int)dtype, (int)op);
+    call.status = (int32_t)stage_alloc(&x, count, dtype, &st);
+    cp_status s = enter(c, &x, call, send, x.timeout_ms);
+    if (s == CP_SUCCESS) {
+        size_t first = kind == CPI_CALL_REDUCE_SCATTER ? (size_t)c->rank * count : 0;
+        s = leave(c, &x, stage_reduce(c, &x, &st, first, op));
+        /* Now no peer reads send any more, so recv may alias it. */
+        if (s == CP_SUCCESS)
+            s = stage_store(&x, &st, recv);
+    }
+    stage_free(&x, &st);
+    return s;
+}
+
+static cp_status local_all_reduce(void *impl, const cp_xfer *x, const void *send, void *recv, size_t count,
+                                  cp_dtype dtype, cp_reduce_op op)
+{
+    return local_reduce(impl, x, CPI_CALL_ALL_REDUCE, send, recv, count, dtype, op);
+}
+
+static cp_status local_reduce_scatter(void *impl, const cp_xfer *x, const void *send, void *recv,
+                                      size_t count, cp_dtype dtype, cp_reduce_op op)
+{
+    return local_reduce(impl, x, CPI_CALL_REDUCE_SCATTER, send, recv, count, dtype, op);
+}
+
+/* ---- split and lifetime ------------------------------------------------- */
+
+/* Does rank j (key kj) come before rank i (key ki) in the new communicator? */
+static bool precedes(int kj, int j, int ki, int i)
+{
+    return kj < ki || (kj == ki && j < i);
+}
+
+/*
+ * Each color's first member (new rank 0) creates the new world and posts it;
+ * the others pick it up after departure. Any failure on any rank fails the
+ * split everywhere and the new worlds are freed by their creators.
+ */
+static cp_status local_split(void *impl, int color, int key, int timeout_ms, void **out_impl, int *out_rank,
+                             int *out_size)
+{
+    local_comm *c = impl, *nc = NULL;
+    world *w = c->w;
+    cpi_call call = cpi_call_make(CPI_CALL_SPLIT, 0, -1, -1);
+    call.a = color < 0 ? -1 : color;
+    call.b = key;
+    if (color >= 0 && !(nc = cpi_calloc(1, sizeof *nc)))
+        call.status = CP_ERROR_OUT_OF_MEMORY;
+    cp_status s = enter(c, NULL, call, NULL, timeout_ms);
+    if (s != CP_SUCCESS) {
+        free(nc);
+        return s;
+    }
+
+    int rank = 0, size = 0, first = -1;
+    for (int j = 0; j < w->size && color >= 0; j++) {
+        if (w->calls[j].a != color)
+            continue;
+        size++;
+        if (precedes(w->calls[j].b, j, key, c->rank))
+            rank++;
+        if (first < 0 || precedes(w->calls[j].b, j, w->calls[first].b, first))
+            first = j;
+    }
+    cp_status mine = CP_SUCCESS;
+    if (color >= 0 && rank == 0) {
+        w->made[c->rank] = world_create(size, size);
+        if (!w->made[c->rank])
+            mine = CP_ERROR_OUT_OF_MEMORY;
+    }
+    s = leave(c, NULL, mine);
+    if (s != CP_SUCCESS) {
+        if (color >= 0 && rank == 0)
+            world_free(w->made[c->rank]);
+        free(nc);
+        return s;
+    }
+    if (nc) {
+        nc->w = w->made[first];
+        nc->rank = rank;
+    }
+    *out_impl = nc;
+    *out_rank = nc ? rank : -1;
+    *out_size = nc ? size : 0;
+    return CP_SUCCESS;
+}
+
+/* Each rank destroys its own communicator; the world goes with the last.
+ * Peers still waiting for this rank are woken with CP_ERROR_COMM. */
+static void local_destroy(void *impl)
+{
+    local_comm *c = impl;
+    world *w = c->w;
+    pthread_mutex_lock(&w->mu);
+    int left = --w->alive;
+    if (left > 0) {
+        char why[64];
+        snprintf(why, sizeof why, "rank %d destroyed its communicator", c->rank);
+        world_break(w, CP_ERROR_COMM, why);
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (left == 0)
+        world_free(w);
+    free(c);
+}
+
+const cp_transport_ops cpi_local_transport = {
+    .abi_version = CP_MODULE_ABI_VERSION,
+    .struct_size = sizeof(cp_transport_ops),
+    .name = "local",
+    .all_gather = local_all_gather,
+    .reduce_scatter = local_reduce_scatter,
+    .all_to_all = local_all_to_all,
+    .sendrecv = local_sendrecv,
+    .all_reduce = local_all_reduce,
+    .barrier = local_barrier,
+    .split = local_split,
+    .destroy = local_destroy,
+};
+
+CP_EXPORT cp_status cp_comm_create_local(int nranks, cp_comm **comms)
+{
+    CPI_CHECK_PTR(comms);
+    CPI_CHECK(nranks >= 1 && nranks <= LOCAL_MAX_RANKS, "%s: nranks = %d (must be in [1, %d])", __func__,
+              nranks, LOCAL_MAX_RANKS);
+    for (int i = 0; i < nranks; i++)
+        comms[i] = NULL;
+    world *w = world_create(nranks, 0);
+    if (!w)
+        return CP_ERROR_OUT_OF_MEMORY;
+    /* Each rank's communicator keeps the world alive; on failure, destroying
+     * those made so far frees it with the last. */
+    cp_status s = CP_SUCCESS;
+    int i = 0;
+    for (; i < nranks; i++) {
+        local_comm *lc = cpi_calloc(1, sizeof *lc);
+        if (!lc) {
+            s = CP_ERROR_OUT_OF_MEMORY;
+            if (w->alive == 0)
+                world_free(w);
+            break;
+        }
+        lc->w = w;
+        lc->rank = i;
+        w->alive++;
+        s = cpi_comm_wrap(&cpi_local_transport, lc, i, nranks, &comms[i]);
+        if (s != CP_SUCCESS) {
+            local_destroy(lc);
+            break;
+        }
+    }
+    if (s == CP_SUCCESS)
+        return CP_SUCCESS;
+    for (int j = 0; j < i; j++) {
+        cp_comm_destroy(comms[j]);
+        comms[j] = NULL;
+    }
+    return s;
+}

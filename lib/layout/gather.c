@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: MIT */
+/* cp_layout_gather: every rank's share back into the whole sequence. */
+#include <stdint.h>
+
+#include "comm/group.h"
+#include "layout/spans.h"
+
+static bool overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + bn && y < x + an;
+}
+
+/* Place rank j's shard (batch rows of its spans, in its local order) at the
+ * spans' global positions. */
+static cp_status place(cp_context *ctx, cp_layout l, int size, int j, const char *shard, char *global,
+                       size_t batch, int64_t seq_len, size_t token_bytes)
+{
+    cpi_span spans[CPI_MAX_SPANS];
+    int n = cpi_layout_spans(l, size, j, seq_len, spans);
+    size_t local_pitch = (size_t)(seq_len / size) * token_bytes, global_pitch = (size_t)seq_len * token_bytes;
+    size_t at = 0; /* bytes into a local row */
+    for (int i = 0; i < n; i++) {
+        size_t width = (size_t)spans[i].len * token_bytes;
+        CPI_TRY(ctx->ops->copy_2d(ctx->state, global + (size_t)spans[i].offset * token_bytes, global_pitch,
+                                  shard + at, local_pitch, width, batch, cpi_local_copy_kind(ctx)));
+        at += width;
+    }
+    return CP_SUCCESS;
+}
+
+CP_EXPORT cp_status cp_layout_gather(cp_group *g, cp_layout l, const void *local, void *global, int64_t batch,
+                                     int64_t seq_len, size_t token_bytes)
+{
+    CPI_CHECK_PTR(g);
+    CPI_CHECK_PTR(local);
+    CPI_CHECK_PTR(global);
+    CPI_TRY(cpi_layout_check(__func__, l, g->size, g->rank, seq_len));
+    CPI_CHECK(batch >= 1, "%s: batch = %lld (must be >= 1)", __func__, (long long)batch);
+    CPI_CHECK(token_bytes >= 1, "%s: token_bytes = %zu (must be >= 1)", __func__, token_bytes);
+    size_t rows, total, shard;
+    CPI_CHECK((uint64_t)batch <= SIZE_MAX && cpi_mul((size_t)batch, (size_t)seq_len, &rows) &&
+                  cpi_mul(rows, token_bytes, &total),
+              "%s: batch = %lld x seq_len = %lld x token_bytes = %zu overflows size_t", __func__,
+              (long long)batch, (long long)seq_len, token_bytes);
+    shard = total / (size_t)g->size;
+    CPI_CHECK(!overlap(local, shard, global, total), "%s: local %p overlaps global %p", __func__, local,
+              global);
+
+    cp_context *ctx = g->ctx;
+    cp_xfer x = cpi_group_xfer(g);
+    /* Contiguous shards of one sequence are already in global order. */
+    if (l == CP_LAYOUT_CONTIGUOUS && batch == 1)
+        return cpi_all_gather(g->comm, &x, local, global, shard);
+
+    void *stage = NULL;
+    CPI_TRY(ctx->ops->alloc(ctx->state, total, &stage));
+    cp_status s = cpi_all_gather(g->comm, &x, local, stage, shard);
+    for (int j = 0; j < g->size && s == CP_SUCCESS; j++)
+        s = place(ctx, l, g->size, j, (const char *)stage + (size_t)j * shard, global, (size_t)batch, seq_len,
+                  token_bytes);
+    cp_status sync = ctx->ops->synchronize(ctx->state); /* before stage goes */
+    ctx->ops->free(ctx->state, stage);
+    return s != CP_SUCCESS ? s : sync;
+}

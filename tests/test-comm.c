@@ -1,0 +1,561 @@
+/* SPDX-License-Identifier: MIT */
+/* Communicators on the in-process transport: every collective for worlds of
+ * 1..8 ranks and split sub-communicators, on host memory and on a pretend
+ * device; timeouts, disagreement, peers that leave; CP groups; layout
+ * gather; bad arguments. Each rank runs on its own thread. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "comm/group.h"
+#include "commsuite.h"
+#include "fakedev.h"
+#include "testutil.h"
+
+#define MAX_RANKS 8
+#define SHORT_TIMEOUT_MS 200
+#define LONG_TIMEOUT_MS 60000
+
+/* ---- running one function per rank on its own thread -------------------- */
+
+typedef void (*rank_fn)(int rank, int size, cp_comm *c, void *arg);
+
+typedef struct job {
+    rank_fn fn;
+    int rank, size;
+    cp_comm *c;
+    void *arg;
+} job;
+
+static void *job_main(void *p)
+{
+    job *j = p;
+    j->fn(j->rank, j->size, j->c, j->arg);
+    return NULL;
+}
+
+/* Run fn on the n ranks of comms (each on a thread of its own) and join. */
+static void run_on(int n, cp_comm **comms, rank_fn fn, void *arg)
+{
+    pthread_t t[MAX_RANKS];
+    job jobs[MAX_RANKS];
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (job){ fn, i, n, comms[i], arg };
+        assert_int_equal(pthread_create(&t[i], NULL, job_main, &jobs[i]), 0);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+}
+
+/* A fresh world of n ranks for one run of fn. */
+static void run_world(int n, rank_fn fn, void *arg)
+{
+    cp_comm *comms[MAX_RANKS];
+    assert_int_equal(cp_comm_create_local(n, comms), CP_SUCCESS);
+    run_on(n, comms, fn, arg);
+    for (int i = 0; i < n; i++)
+        cp_comm_destroy(comms[i]);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the collective suite ------------------------------------------------ */
+
+typedef struct suite_arg {
+    const suite_mem *mem;
+    atomic_int failures;
+} suite_arg;
+
+static void suite_rank(int rank, int size, cp_comm *c, void *p)
+{
+    suite_arg *a = p;
+    atomic_fetch_add(&a->failures, suite_collectives(c, a->mem, LONG_TIMEOUT_MS));
+}
+
+static void mismatch_rank(int rank, int size, cp_comm *c, void *p)
+{
+    suite_arg *a = p;
+    atomic_fetch_add(&a->failures, suite_mismatch(c, a->mem, LONG_TIMEOUT_MS));
+}
+
+static void run_suite(rank_fn fn, const suite_mem *mem, int first, int last)
+{
+    for (int n = first; n <= last; n++) {
+        suite_arg a = { mem, 0 };
+        run_world(n, fn, &a);
+        if (atomic_load(&a.failures))
+            fail_msg("world of %d ranks on %s: %d failed checks (see above)", n,
+                     mem->ops ? mem->ops->name : "host memory", atomic_load(&a.failures));
+    }
+}
+
+static const suite_mem host_mem = { NULL, NULL };
+static suite_mem device_mem;
+
+static void test_collectives_host(void **state)
+{
+    run_suite(suite_rank, &host_mem, 1, MAX_RANKS);
+}
+
+static void test_collectives_device(void **state)
+{
+    run_suite(suite_rank, &device_mem, 1, MAX_RANKS);
+}
+
+static void test_mismatch(void **state)
+{
+    run_suite(mismatch_rank, &host_mem, 2, 5);
+    run_suite(mismatch_rank, &device_mem, 7, 8);
+}
+
+/* ---- barrier ------------------------------------------------------------- */
+
+typedef struct barrier_arg {
+    atomic_int arrived;
+    atomic_int wrong;
+} barrier_arg;
+
+/* No rank may leave round k's barrier before every rank has counted itself
+ * in round k; the second barrier keeps the next round's counting out. */
+static void barrier_rank(int rank, int size, cp_comm *c, void *p)
+{
+    barrier_arg *a = p;
+    cp_xfer x = { NULL, NULL, LONG_TIMEOUT_MS };
+    for (int round = 1; round <= 20; round++) {
+        if (rank == round % size)
+            sleep_ms(1); /* a late rank */
+        atomic_fetch_add(&a->arrived, 1);
+        if (cpi_barrier(c, &x) != CP_SUCCESS || atomic_load(&a->arrived) != round * size)
+            atomic_fetch_add(&a->wrong, 1);
+        if (cpi_barrier(c, &x) != CP_SUCCESS)
+            atomic_fetch_add(&a->wrong, 1);
+    }
+}
+
+static void test_barrier_waits_for_all(void **state)
+{
+    for (int n = 2; n <= 5; n += 3) {
+        barrier_arg a = { 0, 0 };
+        run_world(n, barrier_rank, &a);
+        assert_int_equal(atomic_load(&a.wrong), 0);
+        assert_int_equal(atomic_load(&a.arrived), 20 * n);
+    }
+}
+
+/* ---- a rank that never comes --------------------------------------------- */
+
+typedef struct timeout_arg {
+    int absent;
+    atomic_int done; /* ranks that returned */
+    cp_status status[MAX_RANKS], again[MAX_RANKS];
+    double waited_ms[MAX_RANKS];
+    char message[MAX_RANKS][256];
+} timeout_arg;
+
+static void timeout_rank(int rank, int size, cp_comm *c, void *p)
+{
+    timeout_arg *a = p;
+    if (rank == a->absent) {
+        /* never calls; leaves only after the others gave up */
+        while (atomic_load(&a->done) < size - 1)
+            sleep_ms(5);
+        return;
+    }
+    cp_xfer x = { NULL, NULL, SHORT_TIMEOUT_MS };
+    int send = rank, recv[MAX_RANKS];
+    double t0 = now_ms();
+    a->status[rank] = cpi_all_gather(c, &x, &send, recv, sizeof send);
+    a->waited_ms[rank] = now_ms() - t0;
+    snprintf(a->message[rank], sizeof a->message[rank], "%s", cp_last_error());
+    /* the world is broken now: the next call fails at once */
+    x.timeout_ms = LONG_TIMEOUT_MS;
+    a->again[rank] = cpi_barrier(c, &x);
+    atomic_fetch_add(&a->done, 1);
+}
+
+static void simple_gather_rank(int rank, int size, cp_comm *c, void *p)
+{
+    atomic_int *wrong = p;
+    cp_xfer x = { NULL, NULL, LONG_TIMEOUT_MS };
+    int send = rank * 10, recv[MAX_RANKS];
+    if (cpi_all_gather(c, &x, &send, recv, sizeof send) != CP_SUCCESS)
+        atomic_fetch_add(wrong, 1);
+    for (int j = 0; j < size; j++)
+        if (recv[j] != j * 10)
+            atomic_fetch_add(wrong, 1);
+}
+
+static void test_timeout(void **state)
+{
+    timeout_arg a;
+    memset(&a, 0, sizeof a);
+    a.absent = 3;
+    double t0 = now_ms();
+    run_world(4, timeout_rank, &a);
+    double total = now_ms() - t0;
+    for (int r = 0; r < 4; r++) {
+        if (r == a.absent)
+            continue;
+        assert_int_equal(a.status[r], CP_ERROR_TIMEOUT);
+        assert_true(a.waited_ms[r] >= SHORT_TIMEOUT_MS * 0.9);
+        /* the message names the rank that never came (last in the list) */
+        assert_non_null(strstr(a.message[r], "timed out after 200 ms"));
+        size_t len = strlen(a.message[r]);
+        assert_true(strstr(a.message[r], "rank(s) ") && a.message[r][len - 1] == '3');
+        assert_int_equal(a.again[r], CP_ERROR_TIMEOUT);
+    }
+    assert_true(total < 10000); /* nothing waited for the long timeout */
+
+    /* the broken world is gone; a new one works */
+    atomic_int wrong = 0;
+    run_world(4, simple_gather_rank, &wrong);
+    assert_int_equal(atomic_load(&wrong), 0);
+}
+
+/* A group's timeout applies to what runs on it: group creation itself. */
+typedef struct group_timeout_arg {
+    cp_status status[MAX_RANKS];
+    atomic_int done;
+} group_timeout_arg;
+
+static void group_timeout_rank(int rank, int size, cp_comm *c, void *p)
+{
+    group_timeout_arg *a = p;
+    if (rank == size - 1) {
+        while (atomic_load(&a->done) < size - 1)
+            sleep_ms(5);
+        return;
+    }
+    cp_context *ctx = NULL;
+    cp_group *g = NULL;
+    cp_group_config cfg = CP_GROUP_CONFIG_INIT;
+    cfg.timeout_ms = SHORT_TIMEOUT_MS;
+    if (cp_context_create(NULL, &ctx) == CP_SUCCESS)
+        a->status[rank] = cp_group_create(ctx, c, &cfg, &g);
+    if (g)
+        a->status[rank] = CP_ERROR_INTERNAL; /* must not exist */
+    cp_group_destroy(g);
+    cp_context_destroy(ctx);
+    atomic_fetch_add(&a->done, 1);
+}
+
+static void test_group_timeout(void **state)
+{
+    group_timeout_arg a;
+    memset(&a, 0, sizeof a);
+    run_world(3, group_timeout_rank, &a);
+    assert_int_equal(a.status[0], CP_ERROR_TIMEOUT);
+    assert_int_equal(a.status[1], CP_ERROR_TIMEOUT);
+}
+
+/* A rank that destroys its communicator wakes the peers waiting for it. */
+typedef struct leave_arg {
+    cp_status status;
+    double waited_ms;
+} leave_arg;
+
+static void leave_rank(int rank, int size, cp_comm *c, void *p)
+{
+    leave_arg *a = p;
+    if (rank == 1) {
+        sleep_ms(50);
+        cp_comm_destroy(c);
+        return;
+    }
+    cp_xfer x = { NULL, NULL, LONG_TIMEOUT_MS };
+    double t0 = now_ms();
+    a->status = cpi_barrier(c, &x);
+    a->waited_ms = now_ms() - t0;
+    cp_comm_destroy(c);
+}
+
+static void test_peer_destroyed(void **state)
+{
+    cp_comm *comms[2];
+    assert_int_equal(cp_comm_create_local(2, comms), CP_SUCCESS);
+    leave_arg a = { CP_SUCCESS, 0 };
+    run_on(2, comms, leave_rank, &a);
+    assert_int_equal(a.status, CP_ERROR_COMM);
+    assert_true(a.waited_ms < LONG_TIMEOUT_MS / 2);
+}
+
+/* ---- CP groups ------------------------------------------------------------ */
+
+typedef struct group_arg {
+    int a2a;
+    atomic_int wrong;
+} group_arg;
+
+static void group_rank(int rank, int size, cp_comm *c, void *p)
+{
+    group_arg *a = p;
+    atomic_fetch_add(&a->wrong, suite_group(c, a->a2a, LONG_TIMEOUT_MS));
+}
+
+static void test_group_subgroups(void **state)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (int A = 1; A <= n; A++) {
+            if (n % A)
+                continue;
+            group_arg a = { A, 0 };
+            run_world(n, group_rank, &a);
+            if (atomic_load(&a.wrong))
+                fail_msg("group of %d ranks, a2a_size %d: %d wrong", n, A, atomic_load(&a.wrong));
+        }
+}
+
+typedef struct disagree_arg {
+    cp_status status[MAX_RANKS];
+    char message[MAX_RANKS][256];
+} disagree_arg;
+
+static void group_disagree_rank(int rank, int size, cp_comm *c, void *p)
+{
+    disagree_arg *a = p;
+    cp_context *ctx = NULL;
+    cp_group *g = NULL;
+    cp_group_config cfg = CP_GROUP_CONFIG_INIT;
+    cfg.a2a_size = rank == 0 ? 2 : 4; /* each valid alone, inconsistent together */
+    a->status[rank] = cp_context_create(NULL, &ctx);
+    if (a->status[rank] == CP_SUCCESS)
+        a->status[rank] = cp_group_create(ctx, c, &cfg, &g);
+    snprintf(a->message[rank], sizeof a->message[rank], "%s", cp_last_error());
+    cp_group_destroy(g);
+    cp_context_destroy(ctx);
+}
+
+static void test_group_disagreement(void **state)
+{
+    disagree_arg a;
+    memset(&a, 0, sizeof a);
+    run_world(4, group_disagree_rank, &a);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(a.status[r], CP_ERROR_MISMATCH);
+        assert_non_null(strstr(a.message[r], "a2a_size"));
+    }
+}
+
+/* ---- layout gather --------------------------------------------------------- */
+
+typedef struct gather_arg {
+    cp_layout layout;
+    int64_t batch, seq_len;
+    const suite_mem *mem;
+    atomic_int wrong;
+} gather_arg;
+
+static void gather_rank(int rank, int size, cp_comm *c, void *p)
+{
+    gather_arg *a = p;
+    atomic_fetch_add(&a->wrong, suite_layout_gather(c, a->mem, a->layout, a->batch, a->seq_len, LONG_TIMEOUT_MS));
+}
+
+static void test_layout_gather(void **state)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (int l = CP_LAYOUT_CONTIGUOUS; l <= CP_LAYOUT_ZIGZAG; l++)
+            for (int64_t batch = 1; batch <= 3; batch += 2)
+                for (int dev = 0; dev <= 1; dev++) {
+                    gather_arg a = { (cp_layout)l, batch, 2 * n * 3, dev ? &device_mem : &host_mem, 0 };
+                    run_world(n, gather_rank, &a);
+                    if (atomic_load(&a.wrong))
+                        fail_msg("gather: %d ranks, layout %d, batch %lld, %s: wrong", n, l, (long long)batch,
+                                 dev ? "device" : "host");
+                }
+}
+
+/* ---- split corner cases ------------------------------------------------------ */
+
+typedef struct split_arg {
+    atomic_int wrong;
+} split_arg;
+
+static void split_none_rank(int rank, int size, cp_comm *c, void *p)
+{
+    split_arg *a = p;
+    cp_comm *sub = (cp_comm *)&a; /* must be overwritten */
+    if (cp_comm_split(c, -1 - rank, rank, &sub) != CP_SUCCESS || sub != NULL)
+        atomic_fetch_add(&a->wrong, 1);
+    /* nested: split a split */
+    cp_comm *half = NULL, *quarter = NULL;
+    int r1 = -1, s1 = -1;
+    if (cp_comm_split(c, rank / 2, -rank, &half) != CP_SUCCESS ||
+        cp_comm_split(half, 0, 0, &quarter) != CP_SUCCESS || cp_comm_rank(quarter, &r1) != CP_SUCCESS ||
+        cp_comm_size(quarter, &s1) != CP_SUCCESS)
+        atomic_fetch_add(&a->wrong, 1);
+    int pair = size - (rank / 2) * 2 >= 2 ? 2 : 1;
+    /* key -rank reverses the order inside each pair */
+    if (s1 != pair || r1 != (pair == 2 ? 1 - rank % 2 : 0))
+        atomic_fetch_add(&a->wrong, 1);
+    cp_comm_destroy(quarter);
+    cp_comm_destroy(half);
+}
+
+static void test_split_corners(void **state)
+{
+    for (int n = 1; n <= 5; n++) {
+        split_arg a = { 0 };
+        run_world(n, split_none_rank, &a);
+        assert_int_equal(atomic_load(&a.wrong), 0);
+    }
+}
+
+/* ---- bad arguments --------------------------------------------------------- */
+
+static void test_bad_arguments(void **state)
+{
+    cp_comm *comms[2] = { (cp_comm *)1, (cp_comm *)1 };
+    EXPECT_ERROR(cp_comm_create_local(0, comms), CP_ERROR_INVALID_ARGUMENT, "nranks = 0");
+    EXPECT_ERROR(cp_comm_create_local(-3, comms), CP_ERROR_INVALID_ARGUMENT, "nranks = -3");
+    EXPECT_ERROR(cp_comm_create_local(5000, comms), CP_ERROR_INVALID_ARGUMENT, "nranks = 5000");
+    EXPECT_ERROR(cp_comm_create_local(2, NULL), CP_ERROR_INVALID_ARGUMENT, "comms is NULL");
+
+    cp_comm *out = (cp_comm *)1;
+    EXPECT_ERROR(cp_comm_create_mpi(NULL, &out), CP_ERROR_INVALID_ARGUMENT, "mpi_comm is NULL");
+    assert_null(out);
+    EXPECT_ERROR(cp_comm_create_mpi(&out, NULL), CP_ERROR_INVALID_ARGUMENT, "out is NULL");
+    out = (cp_comm *)1;
+    EXPECT_ERROR(cp_comm_split(NULL, 0, 0, &out), CP_ERROR_INVALID_ARGUMENT, "c is NULL");
+    assert_null(out);
+
+    assert_int_equal(cp_comm_create_local(2, comms), CP_SUCCESS);
+    EXPECT_ERROR(cp_comm_split(comms[0], 0, 0, NULL), CP_ERROR_INVALID_ARGUMENT, "out is NULL");
+    int v = 7;
+    EXPECT_ERROR(cp_comm_rank(NULL, &v), CP_ERROR_INVALID_ARGUMENT, "c is NULL");
+    assert_int_equal(v, -1);
+    EXPECT_ERROR(cp_comm_rank(comms[0], NULL), CP_ERROR_INVALID_ARGUMENT, "rank is NULL");
+    EXPECT_ERROR(cp_comm_size(NULL, &v), CP_ERROR_INVALID_ARGUMENT, "c is NULL");
+    EXPECT_ERROR(cp_comm_size(comms[0], NULL), CP_ERROR_INVALID_ARGUMENT, "size is NULL");
+    assert_int_equal(cp_comm_rank(comms[1], &v), CP_SUCCESS);
+    assert_int_equal(v, 1);
+    assert_int_equal(cp_comm_size(comms[1], &v), CP_SUCCESS);
+    assert_int_equal(v, 2);
+
+    /* the checked collectives: what one rank can see alone */
+    cp_xfer x = { NULL, NULL, 1000 };
+    char buf[64];
+    EXPECT_ERROR(cpi_all_gather(NULL, &x, buf, buf, 1), CP_ERROR_INVALID_ARGUMENT, "comm is NULL");
+    EXPECT_ERROR(cpi_all_gather(comms[0], NULL, buf, buf, 1), CP_ERROR_INVALID_ARGUMENT, "xfer is NULL");
+    EXPECT_ERROR(cpi_all_gather(comms[0], &x, buf, buf, SIZE_MAX / 2 + 1), CP_ERROR_INVALID_ARGUMENT,
+                 "overflows");
+    EXPECT_ERROR(cpi_all_gather(comms[0], &x, NULL, buf, 4), CP_ERROR_INVALID_ARGUMENT, "send is NULL");
+    EXPECT_ERROR(cpi_all_gather(comms[0], &x, buf, NULL, 4), CP_ERROR_INVALID_ARGUMENT, "recv is NULL");
+    EXPECT_ERROR(cpi_all_gather(comms[0], &x, buf + 2, buf, 4), CP_ERROR_INVALID_ARGUMENT, "overlaps");
+    EXPECT_ERROR(cpi_all_to_all(comms[0], &x, buf, buf + 4, 4), CP_ERROR_INVALID_ARGUMENT, "overlap");
+    EXPECT_ERROR(cpi_sendrecv(comms[0], &x, buf, 4, 2, buf + 8, 4, 0), CP_ERROR_INVALID_ARGUMENT, "dst = 2");
+    EXPECT_ERROR(cpi_sendrecv(comms[0], &x, buf, 4, 1, buf + 8, 4, -1), CP_ERROR_INVALID_ARGUMENT, "src = -1");
+    EXPECT_ERROR(cpi_sendrecv(comms[0], &x, buf, 8, 1, buf + 4, 4, 1), CP_ERROR_INVALID_ARGUMENT, "overlap");
+    EXPECT_ERROR(cpi_all_reduce(comms[0], &x, buf, buf + 32, 4, (cp_dtype)9, CP_REDUCE_SUM),
+                 CP_ERROR_INVALID_ARGUMENT, "dtype = 9");
+    EXPECT_ERROR(cpi_all_reduce(comms[0], &x, buf, buf + 32, 4, CP_DTYPE_F32, (cp_reduce_op)5),
+                 CP_ERROR_INVALID_ARGUMENT, "op = 5");
+    EXPECT_ERROR(cpi_all_reduce(comms[0], &x, buf, buf + 2, 4, CP_DTYPE_F32, CP_REDUCE_SUM),
+                 CP_ERROR_INVALID_ARGUMENT, "overlap");
+    EXPECT_ERROR(cpi_reduce_scatter(comms[0], &x, buf, buf, SIZE_MAX / 4, CP_DTYPE_F64, CP_REDUCE_MAX),
+                 CP_ERROR_INVALID_ARGUMENT, "count");
+    EXPECT_ERROR(cpi_barrier(NULL, &x), CP_ERROR_INVALID_ARGUMENT, "comm is NULL");
+
+    /* groups */
+    cp_context *ctx = NULL;
+    assert_int_equal(cp_context_create(NULL, &ctx), CP_SUCCESS);
+    cp_group *g = (cp_group *)1;
+    cp_group_config cfg = CP_GROUP_CONFIG_INIT;
+    EXPECT_ERROR(cp_group_create(ctx, comms[0], &cfg, NULL), CP_ERROR_INVALID_ARGUMENT, "out is NULL");
+    EXPECT_ERROR(cp_group_create(NULL, comms[0], &cfg, &g), CP_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    assert_null(g);
+    EXPECT_ERROR(cp_group_create(ctx, NULL, &cfg, &g), CP_ERROR_INVALID_ARGUMENT, "comm is NULL");
+    cfg.a2a_size = 0;
+    EXPECT_ERROR(cp_group_create(ctx, comms[0], &cfg, &g), CP_ERROR_INVALID_ARGUMENT, "cfg->a2a_size = 0");
+    cfg.a2a_size = 3;
+    EXPECT_ERROR(cp_group_create(ctx, comms[0], &cfg, &g), CP_ERROR_INVALID_ARGUMENT,
+                 "cfg->a2a_size = 3 does not divide the communicator size 2");
+    cfg = (cp_group_config)CP_GROUP_CONFIG_INIT;
+    cfg.timeout_ms = 0;
+    EXPECT_ERROR(cp_group_create(ctx, comms[0], &cfg, &g), CP_ERROR_INVALID_ARGUMENT, "cfg->timeout_ms = 0");
+    cfg = (cp_group_config)CP_GROUP_CONFIG_INIT;
+    cfg.num_streams = 0;
+    EXPECT_ERROR(cp_group_create(ctx, comms[0], &cfg, &g), CP_ERROR_INVALID_ARGUMENT, "cfg->num_streams = 0");
+    cfg.num_streams = 65;
+    EXPECT_ERROR(cp_group_create(ctx, comms[0], &cfg, &g), CP_ERROR_INVALID_ARGUMENT, "cfg->num_streams = 65");
+    cfg = (cp_group_config)CP_GROUP_CONFIG_INIT;
+    cfg.struct_size = 4;
+    EXPECT_ERROR(cp_group_create(ctx, comms[0], &cfg, &g), CP_ERROR_INVALID_ARGUMENT, "cfg->struct_size = 4");
+    EXPECT_ERROR(cp_group_rank(NULL, &v), CP_ERROR_INVALID_ARGUMENT, "g is NULL");
+    EXPECT_ERROR(cp_group_size(NULL, &v), CP_ERROR_INVALID_ARGUMENT, "g is NULL");
+
+    /* a real group of one rank to reach the checks behind the NULL ones */
+    cp_comm *solo[1];
+    assert_int_equal(cp_comm_create_local(1, solo), CP_SUCCESS);
+    assert_int_equal(cp_group_create(ctx, solo[0], NULL, &g), CP_SUCCESS);
+    EXPECT_ERROR(cp_group_rank(g, NULL), CP_ERROR_INVALID_ARGUMENT, "rank is NULL");
+    EXPECT_ERROR(cp_group_size(g, NULL), CP_ERROR_INVALID_ARGUMENT, "size is NULL");
+    char local[64], global[256];
+    EXPECT_ERROR(cp_layout_gather(NULL, CP_LAYOUT_CONTIGUOUS, local, global, 1, 8, 1), CP_ERROR_INVALID_ARGUMENT,
+                 "g is NULL");
+    EXPECT_ERROR(cp_layout_gather(g, CP_LAYOUT_CONTIGUOUS, NULL, global, 1, 8, 1), CP_ERROR_INVALID_ARGUMENT,
+                 "local is NULL");
+    EXPECT_ERROR(cp_layout_gather(g, CP_LAYOUT_CONTIGUOUS, local, NULL, 1, 8, 1), CP_ERROR_INVALID_ARGUMENT,
+                 "global is NULL");
+    EXPECT_ERROR(cp_layout_gather(g, (cp_layout)2, local, global, 1, 8, 1), CP_ERROR_INVALID_ARGUMENT,
+                 "layout = 2");
+    EXPECT_ERROR(cp_layout_gather(g, CP_LAYOUT_ZIGZAG, local, global, 1, 7, 1), CP_ERROR_INVALID_ARGUMENT,
+                 "seq_len = 7");
+    EXPECT_ERROR(cp_layout_gather(g, CP_LAYOUT_CONTIGUOUS, local, global, 0, 8, 1), CP_ERROR_INVALID_ARGUMENT,
+                 "batch = 0");
+    EXPECT_ERROR(cp_layout_gather(g, CP_LAYOUT_CONTIGUOUS, local, global, 1, 8, 0), CP_ERROR_INVALID_ARGUMENT,
+                 "token_bytes = 0");
+    EXPECT_ERROR(cp_layout_gather(g, CP_LAYOUT_CONTIGUOUS, local, global, INT64_MAX / 2, 8, 1),
+                 CP_ERROR_INVALID_ARGUMENT, "overflows");
+    EXPECT_ERROR(cp_layout_gather(g, CP_LAYOUT_CONTIGUOUS, global + 8, global, 1, 8, 4), CP_ERROR_INVALID_ARGUMENT,
+                 "overlaps");
+
+    /* destroy(NULL) is a no-op */
+    cp_group_destroy(NULL);
+    cp_comm_destroy(NULL);
+    cp_group_destroy(g);
+    cp_comm_destroy(solo[0]);
+    cp_context_destroy(ctx);
+    cp_comm_destroy(comms[0]);
+    cp_comm_destroy(comms[1]);
+}
+
+int main(void)
+{
+    device_mem.ops = fakedev_ops();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_collectives_host),
+        cmocka_unit_test(test_collectives_device),
+        cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_barrier_waits_for_all),
+        cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_group_timeout),
+        cmocka_unit_test(test_peer_destroyed),
+        cmocka_unit_test(test_group_subgroups),
+        cmocka_unit_test(test_group_disagreement),
+        cmocka_unit_test(test_split_corners),
+        cmocka_unit_test(test_layout_gather),
+    };
+    return cmocka_run_group_tests_name("comm", tests, NULL, NULL);
+}
