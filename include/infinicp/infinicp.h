@@ -413,6 +413,77 @@ typedef struct cp_attn_desc {
     { sizeof(cp_attn_desc), CP_DTYPE_F32, CP_FORMAT_BSHD, 0, 0, 0, 0, 0, 0,          \
       CP_MASK_CAUSAL, 0.0, CP_LAYOUT_CONTIGUOUS, CP_MODE_P2P }
 
+/**
+ * @brief Plan a CP attention on a group (collective).
+ *
+ * Every rank of @p g calls it with the same descriptor; ranks that disagree
+ * all get #CP_ERROR_MISMATCH.
+ * @param g the CP group; it and its context must outlive the plan.
+ * @param desc the attention; see ::cp_attn_desc.
+ * @param out receives the plan; NULL on failure.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_UNSUPPORTED (F64,
+ *         or heads that an a2a mode cannot split), #CP_ERROR_MISMATCH,
+ *         #CP_ERROR_TIMEOUT, #CP_ERROR_COMM or #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, cp_attn_plan **out);
+
+/**
+ * @brief Exact workspace bytes of cp_attn_forward() and cp_attn_backward().
+ *
+ * O(tokens per rank), never O(seq_len^2).
+ * @param p the plan.
+ * @param forward receives the forward size, or NULL.
+ * @param backward receives the backward size, or NULL (not both NULL).
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_attn_workspace_size(const cp_attn_plan *p, size_t *forward, size_t *backward);
+
+/**
+ * @brief CP attention forward (collective over the plan's group).
+ *
+ * Tensors hold this rank's tokens (seq_len / P per sample, in the layout's
+ * order), dense in the descriptor's format and dtype, on the plan's device.
+ * @param p the plan.
+ * @param q queries [batch, T, num_heads, head_dim] (BSHD; SBHD swaps batch and T).
+ * @param k keys [batch, T, num_kv_heads, head_dim].
+ * @param v values [batch, T, num_kv_heads, head_dim_v].
+ * @param out receives the output [batch, T, num_heads, head_dim_v].
+ * @param lse receives the log-sum-exp, fp32 [batch, num_heads, T].
+ * @param workspace device memory of at least the forward workspace size, or
+ *        NULL to let the plan allocate (and keep) its own.
+ * @param workspace_bytes bytes at @p workspace.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_TIMEOUT,
+ *         #CP_ERROR_COMM, #CP_ERROR_BACKEND or #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
+                          float *lse, void *workspace, size_t workspace_bytes);
+
+/**
+ * @brief CP attention backward (collective over the plan's group).
+ * @param p the plan.
+ * @param q the forward's queries.
+ * @param k the forward's keys.
+ * @param v the forward's values.
+ * @param out the forward's output.
+ * @param lse the forward's log-sum-exp.
+ * @param dout gradient of the loss with respect to @p out.
+ * @param dq receives the gradient for @p q.
+ * @param dk receives the gradient for @p k (summed over all ranks' queries).
+ * @param dv receives the gradient for @p v.
+ * @param workspace device memory of at least the backward workspace size, or NULL.
+ * @param workspace_bytes bytes at @p workspace.
+ * @return as cp_attn_forward().
+ */
+cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void *k, const void *v,
+                           const void *out, const float *lse, const void *dout,
+                           void *dq, void *dk, void *dv, void *workspace, size_t workspace_bytes);
+
+/**
+ * @brief Destroy a plan and the workspace it allocated.
+ * @param p the plan, or NULL (no-op).
+ */
+void cp_attn_plan_destroy(cp_attn_plan *p);
+
 /* ------------------------------------------------------------------------ */
 /* Single-device kernels                                                    */
 /* ------------------------------------------------------------------------ */
