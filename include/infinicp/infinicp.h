@@ -195,6 +195,83 @@ typedef struct cp_coords {
     int tp, cp, dp, pp, cp_a2a, cp_p2p;
 } cp_coords;
 
+/**
+ * @brief Create a topology: the arithmetic between ranks and their
+ *        (tp, cp, dp, pp, cp_a2a, cp_p2p) coordinates. No communication.
+ *
+ * With the default order "tp-cp-dp-pp", rank = tp + cp*TP + dp*TP*CP +
+ * pp*TP*CP*DP (Megatron's layout). Inside CP, cp = cp_a2a + cp_p2p*cp_a2a_size.
+ * @param cfg configuration; NULL means #CP_TOPOLOGY_CONFIG_INIT (world of 1).
+ * @param out receives the new topology.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL @p out, a bad
+ *         struct_size, a size below 1 or not dividing world_size, a product
+ *         tp*cp*dp*pp other than world_size, cp_a2a not dividing cp, or an
+ *         order that is not a permutation of "tp", "cp", "dp", "pp";
+ *         #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_topology_create(const cp_topology_config *cfg, cp_topology **out);
+
+/**
+ * @brief Coordinates of a rank.
+ * @param t the topology.
+ * @param rank a rank in [0, world_size).
+ * @param out receives all six coordinates.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_topology_coords(const cp_topology *t, int rank, cp_coords *out);
+
+/**
+ * @brief Rank of a coordinate tuple (the inverse of cp_topology_coords()).
+ * @param t the topology.
+ * @param c coordinates, each in range; c->cp must equal
+ *        c->cp_a2a + c->cp_p2p * (the a2a size).
+ * @param rank receives the rank; -1 on failure.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_topology_rank(const cp_topology *t, const cp_coords *c, int *rank);
+
+/**
+ * @brief The ranks that differ from @p rank only along @p axes.
+ *
+ * The group is sorted ascending, which is the order of its coordinates
+ * (the fastest axis varies fastest); a group along one axis is indexed by
+ * that coordinate, e.g. a CP group's index is the cp coordinate.
+ * @param t the topology.
+ * @param rank a rank in [0, world_size).
+ * @param axes a union of CP_AXIS_* bits; 0 gives the group {rank}.
+ * @param ranks receives the group; may be NULL when @p capacity is 0, to
+ *        ask for the size only.
+ * @param capacity elements at @p ranks.
+ * @param count receives the group size.
+ * @param index receives the position of @p rank in the group; may be NULL.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT (also when @p capacity
+ *         is smaller than the group).
+ */
+cp_status cp_topology_group(const cp_topology *t, int rank, unsigned axes, int *ranks, int capacity,
+                            int *count, int *index);
+
+/**
+ * @brief Color and key for splitting a world communicator into the groups
+ *        of cp_topology_group().
+ *
+ * Ranks with equal color are exactly one group; key is the rank's index in
+ * it, so cp_comm_split() (or MPI_Comm_split) ordered by key reproduces the
+ * group's order. Colors are 0 .. (world_size / group size) - 1.
+ * @param t the topology.
+ * @param rank a rank in [0, world_size).
+ * @param axes a union of CP_AXIS_* bits.
+ * @param color receives the group number; -1 on failure.
+ * @param key receives the index in the group; -1 on failure.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_topology_color(const cp_topology *t, int rank, unsigned axes, int *color, int *key);
+
+/**
+ * @brief Destroy a topology.
+ * @param t the topology, or NULL (no-op).
+ */
+void cp_topology_destroy(cp_topology *t);
+
 /* ------------------------------------------------------------------------ */
 /* Sequence layouts                                                         */
 /* ------------------------------------------------------------------------ */
@@ -204,6 +281,39 @@ typedef enum cp_layout {
     CP_LAYOUT_CONTIGUOUS = 0, /**< rank r holds [r*S/P, (r+1)*S/P) */
     CP_LAYOUT_ZIGZAG = 1      /**< rank r holds chunks r and 2P-1-r of 2P */
 } cp_layout;
+
+/**
+ * @brief Global positions of the tokens a CP rank holds, in local order.
+ * @param l #CP_LAYOUT_CONTIGUOUS (seq_len % cp_size == 0) or
+ *        #CP_LAYOUT_ZIGZAG (seq_len % (2*cp_size) == 0).
+ * @param cp_size ranks in the CP group, >= 1.
+ * @param cp_rank this rank's index in the CP group.
+ * @param seq_len global sequence length, >= 1.
+ * @param positions receives seq_len / cp_size positions.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_layout_positions(cp_layout l, int cp_size, int cp_rank, int64_t seq_len, int64_t *positions);
+
+/**
+ * @brief Copy a CP rank's share of a [batch, seq_len, token_bytes] tensor.
+ *
+ * Works for anything per token (inputs, labels, position ids, activations).
+ * The copy runs on the context's device; @p global and @p local are memory
+ * of that device and must not overlap.
+ * @param ctx the context whose device holds both buffers.
+ * @param l the layout, as for cp_layout_positions().
+ * @param cp_size ranks in the CP group.
+ * @param cp_rank this rank's index in the CP group.
+ * @param global the whole tensor, batch * seq_len * token_bytes bytes.
+ * @param local receives batch * (seq_len / cp_size) * token_bytes bytes, the
+ *        tokens in the order cp_layout_positions() lists them.
+ * @param batch number of sequences, >= 1.
+ * @param seq_len global sequence length.
+ * @param token_bytes bytes per token, >= 1.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT or #CP_ERROR_BACKEND.
+ */
+cp_status cp_layout_shard(cp_context *ctx, cp_layout l, int cp_size, int cp_rank, const void *global,
+                          void *local, int64_t batch, int64_t seq_len, size_t token_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* CP groups                                                                */
