@@ -485,6 +485,138 @@ typedef enum cp_ckpt_role {
     CP_CKPT_SHARDED = 1     /**< sharded over DPxCP (ZeRO optimizer state) */
 } cp_ckpt_role;
 
+/** Largest JSON document cp_ckpt_meta_from_json() and cp_ckpt_meta_load() accept: 1 MiB. */
+#define CP_CKPT_META_MAX_BYTES (1u << 20)
+
+/**
+ * @brief Record the CP setup of a run, for its checkpoints.
+ *
+ * Records the format and library version, world size, tp / cp / dp / pp
+ * sizes and their order, cp_a2a, and from @p d the CP mode, layout, global
+ * sequence length, heads, kv heads, head dims and dtype.
+ * @param t the run's topology.
+ * @param d the run's attention descriptor (its struct_size is honoured).
+ * @param out receives the new metadata.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL pointer, a bad
+ *         struct_size or a descriptor field out of range or inconsistent
+ *         with the topology (e.g. seq_len not divisible for the layout);
+ *         #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_create(const cp_topology *t, const cp_attn_desc *d, cp_ckpt_meta **out);
+
+/**
+ * @brief Write metadata as JSON to a file, atomically.
+ *
+ * Writes a temporary file in the same directory, fsyncs it, renames it over
+ * @p path and fsyncs the directory: after a crash at any point @p path holds
+ * either its old content or the new one, never a mix.
+ * @param m the metadata.
+ * @param path the file to create or replace.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_NOT_FOUND (the
+ *         directory does not exist), #CP_ERROR_IO (message names the path
+ *         and the system error; the old file is left as it was) or
+ *         #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_save(const cp_ckpt_meta *m, const char *path);
+
+/**
+ * @brief Read metadata written by cp_ckpt_meta_save().
+ * @param path the file.
+ * @param out receives the metadata.
+ * @return #CP_SUCCESS; #CP_ERROR_NOT_FOUND if @p path does not exist;
+ *         #CP_ERROR_IO; #CP_ERROR_FORMAT for a file over
+ *         #CP_CKPT_META_MAX_BYTES or a malformed document (as
+ *         cp_ckpt_meta_from_json()); #CP_ERROR_UNSUPPORTED for a newer
+ *         format_version; #CP_ERROR_INVALID_ARGUMENT; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_load(const char *path, cp_ckpt_meta **out);
+
+/**
+ * @brief Serialise metadata as a JSON document.
+ * @param m the metadata.
+ * @param buf receives the document and a terminating NUL; may be NULL when
+ *        @p cap is 0, to ask for the length only.
+ * @param cap bytes at @p buf; at least the length + 1.
+ * @param len receives the document's length in bytes, without the NUL.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL pointers or a
+ *         @p cap that is too small (@p len is still set);
+ *         #CP_ERROR_FORMAT if kept unknown keys make the document larger
+ *         than #CP_CKPT_META_MAX_BYTES; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_to_json(const cp_ckpt_meta *m, char *buf, size_t cap, size_t *len);
+
+/**
+ * @brief Parse a JSON document written by cp_ckpt_meta_to_json().
+ *
+ * Keys this version does not know are kept (and written back by
+ * cp_ckpt_meta_to_json()) but otherwise ignored.
+ * @param json the document; need not be NUL-terminated.
+ * @param len its length in bytes, at most #CP_CKPT_META_MAX_BYTES.
+ * @param out receives the metadata.
+ * @return #CP_SUCCESS; #CP_ERROR_FORMAT for anything malformed: not JSON,
+ *         not UTF-8, over the size or nesting limit, a missing key (named),
+ *         a wrong type, a value out of range or inconsistent, a bad
+ *         checksum; #CP_ERROR_UNSUPPORTED for a newer format_version;
+ *         #CP_ERROR_INVALID_ARGUMENT; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_from_json(const char *json, size_t len, cp_ckpt_meta **out);
+
+/**
+ * @brief Read one integer field of metadata by its JSON key.
+ *
+ * Enumerations ("mode", "layout", "dtype") give their enum values. Integer
+ * values of kept unknown keys are found too.
+ * @param m the metadata.
+ * @param key a key such as "cp", "seq_len" or "library_version".
+ * @param value receives the value.
+ * @return #CP_SUCCESS; #CP_ERROR_NOT_FOUND for a key the metadata lacks;
+ *         #CP_ERROR_INVALID_ARGUMENT for NULL pointers or a key whose value
+ *         is not an integer (such as "order").
+ */
+cp_status cp_ckpt_meta_get(const cp_ckpt_meta *m, const char *key, int64_t *value);
+
+/**
+ * @brief Whether a checkpoint saved under @p saved can be resumed under
+ *        @p current.
+ *
+ * #CP_CKPT_IDENTICAL: the CP setup is the same (the library version and
+ * unknown keys are not compared). #CP_CKPT_COMPATIBLE: only things that
+ * leave every saved tensor valid changed (cp, dp or cp_a2a with the same
+ * dp*cp, order, mode, layout, seq_len). #CP_CKPT_NEEDS_RESHARD: dp*cp
+ * changed; replicated state loads as is, state sharded over DPxCP must be
+ * resharded. #CP_CKPT_INCOMPATIBLE: tp, pp or the attention shape (heads,
+ * kv heads, head dims, dtype) changed.
+ * @param saved metadata of the checkpoint.
+ * @param current metadata of the run that resumes.
+ * @param verdict receives the verdict.
+ * @param reason receives one line naming each changed field with its old
+ *        and new value (truncated to fit, always NUL-terminated); may be
+ *        NULL when @p reason_cap is 0.
+ * @param reason_cap bytes at @p reason.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_ckpt_meta_check(const cp_ckpt_meta *saved, const cp_ckpt_meta *current,
+                             cp_ckpt_verdict *verdict, char *reason, size_t reason_cap);
+
+/**
+ * @brief Whether @p rank writes state of the given role to a checkpoint.
+ *
+ * #CP_CKPT_REPLICATED: one rank per (tp, pp) shard, the one with dp == 0 and
+ * cp == 0. #CP_CKPT_SHARDED: every rank (each writes its shard).
+ * @param t the topology.
+ * @param rank a rank in [0, world_size).
+ * @param role the kind of state.
+ * @param is_writer receives 1 or 0.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_ckpt_is_writer(const cp_topology *t, int rank, cp_ckpt_role role, int *is_writer);
+
+/**
+ * @brief Destroy metadata.
+ * @param m the metadata, or NULL (no-op).
+ */
+void cp_ckpt_meta_destroy(cp_ckpt_meta *m);
+
 #ifdef __cplusplus
 }
 #endif
