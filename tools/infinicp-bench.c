@@ -6,13 +6,28 @@
 
 #include <infinicp/infinicp.h>
 
+#include "bench.h"
+
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: infinicp-bench [--version] [--help]\n"
+            "usage: infinicp-bench [options]\n"
             "\n"
-            "Without options: print the library version and the device backends\n"
-            "that can be opened on this machine.\n");
+            "Without a mode option: the demo. CP attention on in-process ranks (threads) on the\n"
+            "CPU, for every mode and layout, each checked against a single-rank run.\n"
+            "\n"
+            "modes:\n"
+            "  --backends        print the library version and the backends that can be opened\n"
+            "  --version         print the library version\n"
+            "options:\n"
+            "  --cp N            CP group size (default 4)\n"
+            "  --seq N           global sequence length (default 2048)\n"
+            "  --batch N         batch size (default 1)\n"
+            "  --heads N         query heads (default 8)\n"
+            "  --kv-heads N      key/value heads (default 4)\n"
+            "  --dim N           head dimension (default 64)\n"
+            "  --dtype T         f32, f16 or bf16 (default f32)\n"
+            "  --no-mask         attend to every key (default causal)\n");
 }
 
 static int show_backends(void)
@@ -42,21 +57,65 @@ static int show_backends(void)
     return ok > 0 ? 0 : 1;
 }
 
+static int parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || *end || v < lo || v > hi) {
+        fprintf(stderr, "infinicp-bench: %s needs a whole number in [%lld, %lld]\n", opt, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4 };
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        long long v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
-        }
-        if (!strcmp(argv[i], "--version")) {
-            unsigned v = cp_version();
-            printf("%u.%u.%u\n", v / 10000, v / 100 % 100, v % 100);
+        } else if (!strcmp(a, "--version")) {
+            unsigned ver = cp_version();
+            printf("%u.%u.%u\n", ver / 10000, ver / 100 % 100, ver % 100);
             return 0;
+        } else if (!strcmp(a, "--backends")) {
+            return show_backends();
+        } else if (!strcmp(a, "--no-mask")) {
+            o.mask = CP_MASK_NONE;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!val || (strcmp(val, "f32") && strcmp(val, "f16") && strcmp(val, "bf16"))) {
+                fprintf(stderr, "infinicp-bench: --dtype takes f32, f16 or bf16\n");
+                return 2;
+            }
+            o.dtype = !strcmp(val, "f32") ? CP_DTYPE_F32 : !strcmp(val, "f16") ? CP_DTYPE_F16 : CP_DTYPE_BF16;
+            i++;
+        } else if (!strcmp(a, "--cp") || !strcmp(a, "--seq") || !strcmp(a, "--batch") || !strcmp(a, "--heads") ||
+                   !strcmp(a, "--kv-heads") || !strcmp(a, "--dim")) {
+            long long hi = !strcmp(a, "--cp") ? 64 : !strcmp(a, "--seq") ? (1ll << 30) : 1 << 16;
+            if (parse_int(a, val, 1, hi, &v))
+                return 2;
+            if (!strcmp(a, "--cp"))
+                o.cp = (int)v;
+            else if (!strcmp(a, "--seq"))
+                o.seq = v;
+            else if (!strcmp(a, "--batch"))
+                o.batch = v;
+            else if (!strcmp(a, "--heads"))
+                o.heads = (int)v;
+            else if (!strcmp(a, "--kv-heads"))
+                o.kv_heads = (int)v;
+            else
+                o.dim = (int)v;
+            i++;
+        } else {
+            fprintf(stderr, "infinicp-bench: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
         }
-        fprintf(stderr, "infinicp-bench: unknown option '%s'\n", argv[i]);
-        usage(stderr);
-        return 2;
     }
-    return show_backends();
+    return bench_demo(&o);
 }

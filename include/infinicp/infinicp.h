@@ -197,6 +197,83 @@ typedef struct cp_coords {
     /** @} */
 } cp_coords;
 
+/**
+ * @brief Create a topology: the arithmetic between ranks and their
+ *        (tp, cp, dp, pp, cp_a2a, cp_p2p) coordinates. No communication.
+ *
+ * With the default order "tp-cp-dp-pp", rank = tp + cp*TP + dp*TP*CP +
+ * pp*TP*CP*DP (Megatron's layout). Inside CP, cp = cp_a2a + cp_p2p*cp_a2a_size.
+ * @param cfg configuration; NULL means #CP_TOPOLOGY_CONFIG_INIT (world of 1).
+ * @param out receives the new topology.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL @p out, a bad
+ *         struct_size, a size below 1 or not dividing world_size, a product
+ *         tp*cp*dp*pp other than world_size, cp_a2a not dividing cp, or an
+ *         order that is not a permutation of "tp", "cp", "dp", "pp";
+ *         #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_topology_create(const cp_topology_config *cfg, cp_topology **out);
+
+/**
+ * @brief Coordinates of a rank.
+ * @param t the topology.
+ * @param rank a rank in [0, world_size).
+ * @param out receives all six coordinates.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_topology_coords(const cp_topology *t, int rank, cp_coords *out);
+
+/**
+ * @brief Rank of a coordinate tuple (the inverse of cp_topology_coords()).
+ * @param t the topology.
+ * @param c coordinates, each in range; c->cp must equal
+ *        c->cp_a2a + c->cp_p2p * (the a2a size).
+ * @param rank receives the rank; -1 on failure.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_topology_rank(const cp_topology *t, const cp_coords *c, int *rank);
+
+/**
+ * @brief The ranks that differ from @p rank only along @p axes.
+ *
+ * The group is sorted ascending, which is the order of its coordinates
+ * (the fastest axis varies fastest); a group along one axis is indexed by
+ * that coordinate, e.g. a CP group's index is the cp coordinate.
+ * @param t the topology.
+ * @param rank a rank in [0, world_size).
+ * @param axes a union of CP_AXIS_* bits; 0 gives the group {rank}.
+ * @param ranks receives the group; may be NULL when @p capacity is 0, to
+ *        ask for the size only.
+ * @param capacity elements at @p ranks.
+ * @param count receives the group size.
+ * @param index receives the position of @p rank in the group; may be NULL.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT (also when @p capacity
+ *         is smaller than the group).
+ */
+cp_status cp_topology_group(const cp_topology *t, int rank, unsigned axes, int *ranks, int capacity,
+                            int *count, int *index);
+
+/**
+ * @brief Color and key for splitting a world communicator into the groups
+ *        of cp_topology_group().
+ *
+ * Ranks with equal color are exactly one group; key is the rank's index in
+ * it, so cp_comm_split() (or MPI_Comm_split) ordered by key reproduces the
+ * group's order. Colors are 0 .. (world_size / group size) - 1.
+ * @param t the topology.
+ * @param rank a rank in [0, world_size).
+ * @param axes a union of CP_AXIS_* bits.
+ * @param color receives the group number; -1 on failure.
+ * @param key receives the index in the group; -1 on failure.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_topology_color(const cp_topology *t, int rank, unsigned axes, int *color, int *key);
+
+/**
+ * @brief Destroy a topology.
+ * @param t the topology, or NULL (no-op).
+ */
+void cp_topology_destroy(cp_topology *t);
+
 /* ------------------------------------------------------------------------ */
 /* Sequence layouts                                                         */
 /* ------------------------------------------------------------------------ */
@@ -206,6 +283,39 @@ typedef enum cp_layout {
     CP_LAYOUT_CONTIGUOUS = 0, /**< rank r holds [r*S/P, (r+1)*S/P) */
     CP_LAYOUT_ZIGZAG = 1      /**< rank r holds chunks r and 2P-1-r of 2P */
 } cp_layout;
+
+/**
+ * @brief Global positions of the tokens a CP rank holds, in local order.
+ * @param l #CP_LAYOUT_CONTIGUOUS (seq_len % cp_size == 0) or
+ *        #CP_LAYOUT_ZIGZAG (seq_len % (2*cp_size) == 0).
+ * @param cp_size ranks in the CP group, >= 1.
+ * @param cp_rank this rank's index in the CP group.
+ * @param seq_len global sequence length, >= 1.
+ * @param positions receives seq_len / cp_size positions.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_layout_positions(cp_layout l, int cp_size, int cp_rank, int64_t seq_len, int64_t *positions);
+
+/**
+ * @brief Copy a CP rank's share of a [batch, seq_len, token_bytes] tensor.
+ *
+ * Works for anything per token (inputs, labels, position ids, activations).
+ * The copy runs on the context's device; @p global and @p local are memory
+ * of that device and must not overlap.
+ * @param ctx the context whose device holds both buffers.
+ * @param l the layout, as for cp_layout_positions().
+ * @param cp_size ranks in the CP group.
+ * @param cp_rank this rank's index in the CP group.
+ * @param global the whole tensor, batch * seq_len * token_bytes bytes.
+ * @param local receives batch * (seq_len / cp_size) * token_bytes bytes, the
+ *        tokens in the order cp_layout_positions() lists them.
+ * @param batch number of sequences, >= 1.
+ * @param seq_len global sequence length.
+ * @param token_bytes bytes per token, >= 1.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT or #CP_ERROR_BACKEND.
+ */
+cp_status cp_layout_shard(cp_context *ctx, cp_layout l, int cp_size, int cp_rank, const void *global,
+                          void *local, int64_t batch, int64_t seq_len, size_t token_bytes);
 
 /**
  * @brief Reassemble a sequence from every rank's share (collective over @p g).
@@ -616,6 +726,138 @@ typedef enum cp_ckpt_role {
     CP_CKPT_REPLICATED = 0, /**< replicated over DPxCP (parameters) */
     CP_CKPT_SHARDED = 1     /**< sharded over DPxCP (ZeRO optimizer state) */
 } cp_ckpt_role;
+
+/** Largest JSON document cp_ckpt_meta_from_json() and cp_ckpt_meta_load() accept: 1 MiB. */
+#define CP_CKPT_META_MAX_BYTES (1u << 20)
+
+/**
+ * @brief Record the CP setup of a run, for its checkpoints.
+ *
+ * Records the format and library version, world size, tp / cp / dp / pp
+ * sizes and their order, cp_a2a, and from @p d the CP mode, layout, global
+ * sequence length, heads, kv heads, head dims and dtype.
+ * @param t the run's topology.
+ * @param d the run's attention descriptor (its struct_size is honoured).
+ * @param out receives the new metadata.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL pointer, a bad
+ *         struct_size or a descriptor field out of range or inconsistent
+ *         with the topology (e.g. seq_len not divisible for the layout);
+ *         #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_create(const cp_topology *t, const cp_attn_desc *d, cp_ckpt_meta **out);
+
+/**
+ * @brief Write metadata as JSON to a file, atomically.
+ *
+ * Writes a temporary file in the same directory, fsyncs it, renames it over
+ * @p path and fsyncs the directory: after a crash at any point @p path holds
+ * either its old content or the new one, never a mix.
+ * @param m the metadata.
+ * @param path the file to create or replace.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_NOT_FOUND (the
+ *         directory does not exist), #CP_ERROR_IO (message names the path
+ *         and the system error; the old file is left as it was) or
+ *         #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_save(const cp_ckpt_meta *m, const char *path);
+
+/**
+ * @brief Read metadata written by cp_ckpt_meta_save().
+ * @param path the file.
+ * @param out receives the metadata.
+ * @return #CP_SUCCESS; #CP_ERROR_NOT_FOUND if @p path does not exist;
+ *         #CP_ERROR_IO; #CP_ERROR_FORMAT for a file over
+ *         #CP_CKPT_META_MAX_BYTES or a malformed document (as
+ *         cp_ckpt_meta_from_json()); #CP_ERROR_UNSUPPORTED for a newer
+ *         format_version; #CP_ERROR_INVALID_ARGUMENT; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_load(const char *path, cp_ckpt_meta **out);
+
+/**
+ * @brief Serialise metadata as a JSON document.
+ * @param m the metadata.
+ * @param buf receives the document and a terminating NUL; may be NULL when
+ *        @p cap is 0, to ask for the length only.
+ * @param cap bytes at @p buf; at least the length + 1.
+ * @param len receives the document's length in bytes, without the NUL.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL pointers or a
+ *         @p cap that is too small (@p len is still set);
+ *         #CP_ERROR_FORMAT if kept unknown keys make the document larger
+ *         than #CP_CKPT_META_MAX_BYTES; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_to_json(const cp_ckpt_meta *m, char *buf, size_t cap, size_t *len);
+
+/**
+ * @brief Parse a JSON document written by cp_ckpt_meta_to_json().
+ *
+ * Keys this version does not know are kept (and written back by
+ * cp_ckpt_meta_to_json()) but otherwise ignored.
+ * @param json the document; need not be NUL-terminated.
+ * @param len its length in bytes, at most #CP_CKPT_META_MAX_BYTES.
+ * @param out receives the metadata.
+ * @return #CP_SUCCESS; #CP_ERROR_FORMAT for anything malformed: not JSON,
+ *         not UTF-8, over the size or nesting limit, a missing key (named),
+ *         a wrong type, a value out of range or inconsistent, a bad
+ *         checksum; #CP_ERROR_UNSUPPORTED for a newer format_version;
+ *         #CP_ERROR_INVALID_ARGUMENT; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_ckpt_meta_from_json(const char *json, size_t len, cp_ckpt_meta **out);
+
+/**
+ * @brief Read one integer field of metadata by its JSON key.
+ *
+ * Enumerations ("mode", "layout", "dtype") give their enum values. Integer
+ * values of kept unknown keys are found too.
+ * @param m the metadata.
+ * @param key a key such as "cp", "seq_len" or "library_version".
+ * @param value receives the value.
+ * @return #CP_SUCCESS; #CP_ERROR_NOT_FOUND for a key the metadata lacks;
+ *         #CP_ERROR_INVALID_ARGUMENT for NULL pointers or a key whose value
+ *         is not an integer (such as "order").
+ */
+cp_status cp_ckpt_meta_get(const cp_ckpt_meta *m, const char *key, int64_t *value);
+
+/**
+ * @brief Whether a checkpoint saved under @p saved can be resumed under
+ *        @p current.
+ *
+ * #CP_CKPT_IDENTICAL: the CP setup is the same (the library version and
+ * unknown keys are not compared). #CP_CKPT_COMPATIBLE: only things that
+ * leave every saved tensor valid changed (cp, dp or cp_a2a with the same
+ * dp*cp, order, mode, layout, seq_len). #CP_CKPT_NEEDS_RESHARD: dp*cp
+ * changed; replicated state loads as is, state sharded over DPxCP must be
+ * resharded. #CP_CKPT_INCOMPATIBLE: tp, pp or the attention shape (heads,
+ * kv heads, head dims, dtype) changed.
+ * @param saved metadata of the checkpoint.
+ * @param current metadata of the run that resumes.
+ * @param verdict receives the verdict.
+ * @param reason receives one line naming each changed field with its old
+ *        and new value (truncated to fit, always NUL-terminated); may be
+ *        NULL when @p reason_cap is 0.
+ * @param reason_cap bytes at @p reason.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_ckpt_meta_check(const cp_ckpt_meta *saved, const cp_ckpt_meta *current,
+                             cp_ckpt_verdict *verdict, char *reason, size_t reason_cap);
+
+/**
+ * @brief Whether @p rank writes state of the given role to a checkpoint.
+ *
+ * #CP_CKPT_REPLICATED: one rank per (tp, pp) shard, the one with dp == 0 and
+ * cp == 0. #CP_CKPT_SHARDED: every rank (each writes its shard).
+ * @param t the topology.
+ * @param rank a rank in [0, world_size).
+ * @param role the kind of state.
+ * @param is_writer receives 1 or 0.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_ckpt_is_writer(const cp_topology *t, int rank, cp_ckpt_role role, int *is_writer);
+
+/**
+ * @brief Destroy metadata.
+ * @param m the metadata, or NULL (no-op).
+ */
+void cp_ckpt_meta_destroy(cp_ckpt_meta *m);
 
 #ifdef __cplusplus
 }

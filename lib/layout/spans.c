@@ -9,10 +9,13 @@ cp_status cpi_layout_check(const char *func, cp_layout l, int cp_size, int cp_ra
     CPI_CHECK(cp_rank >= 0 && cp_rank < cp_size, "%s: cp_rank = %d (must be in [0, %d))", func, cp_rank,
               cp_size);
     CPI_CHECK(seq_len >= 1, "%s: seq_len = %lld (must be >= 1)", func, (long long)seq_len);
-    int64_t parts = l == CP_LAYOUT_ZIGZAG ? 2 * (int64_t)cp_size : cp_size;
-    CPI_CHECK(seq_len % parts == 0, "%s: seq_len = %lld is not divisible by %s%d = %lld", func,
-              (long long)seq_len, l == CP_LAYOUT_ZIGZAG ? "2 * cp_size = 2*" : "cp_size = ", cp_size,
-              (long long)parts);
+    if (l == CP_LAYOUT_ZIGZAG)
+        CPI_CHECK(seq_len % (2 * (int64_t)cp_size) == 0,
+                  "%s: seq_len = %lld is not divisible by 2 * cp_size = %lld (zigzag cuts it into 2*%d chunks)",
+                  func, (long long)seq_len, 2 * (long long)cp_size, cp_size);
+    else
+        CPI_CHECK(seq_len % cp_size == 0, "%s: seq_len = %lld is not divisible by cp_size = %d", func,
+                  (long long)seq_len, cp_size);
     return CP_SUCCESS;
 }
 
