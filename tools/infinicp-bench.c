@@ -6,13 +6,22 @@
 
 #include <infinicp/infinicp.h>
 
+#include "kernel_bench.h"
+
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: infinicp-bench [--version] [--help]\n"
+            "       infinicp-bench --kernel [--batch N] [--heads N] [--kv-heads N] [--seq N]\n"
+            "                      [--dim N] [--dtype f32|f16|bf16] [--mask causal|none|both]\n"
+            "                      [--threads N] [--reps N]\n"
             "\n"
             "Without options: print the library version and the device backends\n"
-            "that can be opened on this machine.\n");
+            "that can be opened on this machine.\n"
+            "--kernel: time the single-device attention kernels on the CPU and\n"
+            "compare their GFLOP/s with OpenBLAS sgemm on the same threads\n"
+            "(defaults: batch 1, 8 heads, seq 4096, dim 128, f32, both masks,\n"
+            "one thread per processor, best of 3).\n");
 }
 
 static int show_backends(void)
@@ -45,6 +54,8 @@ static int show_backends(void)
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--kernel"))
+            return kernel_bench_main(argc - i - 1, argv + i + 1, usage);
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;

@@ -42,12 +42,17 @@
 
 #include "kernels/cpu/cpu.h"
 
-/* Tile sizes (rows). Multiples of the micro-kernel's row block (6) keep it
- * on full blocks; query tiles are padded to 16 columns in the forward. */
-#define FWD_BQ 128
+/*
+ * Tile sizes (rows), tuned on an AVX-512 machine at head_dim 128: the key
+ * tiles are multiples of the micro-kernel's 6-row block; the forward's wide
+ * query tile halves how often K and V stream through the cache, and the
+ * backward's key tile sets how often Q and dO do. Per-thread scratch stays
+ * well inside a 1-2 MiB L2 at head_dim 128.
+ */
+#define FWD_BQ 256
 #define FWD_BK 96
 #define BWD_BQ 96
-#define BWD_BK 96
+#define BWD_BK 144
 
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
@@ -229,19 +234,19 @@ static int64_t fwd_units(const problem *p, int64_t *q_tiles)
     return *q_tiles * p->B * p->H;
 }
 
-/* Mask the scores of keys j (rows) hidden from queries i (columns) in a tile
- * whose first key is k0 and first query i0: query i sees key j iff
- * j <= i + delta, so row j hides the columns i < j - delta - i0. */
-static void fwd_mask(const problem *p, float *st, int nk, int bq16, int64_t k0, int64_t i0)
+/* Mask the scores of keys j (rows, pitch lds) hidden from queries i (ncols
+ * columns) in a tile whose first key is k0 and first query i0: query i sees
+ * key j iff j <= i + delta, so row j hides the columns i < j - delta - i0. */
+static void fwd_mask(const problem *p, float *st, int nk, ptrdiff_t lds, int ncols, int64_t k0, int64_t i0)
 {
     for (int j = 0; j < nk; j++) {
         int64_t hide = k0 + j - p->delta - i0;
         if (hide <= 0)
             continue;
-        if (hide > bq16)
-            hide = bq16;
+        if (hide > ncols)
+            hide = ncols;
         for (int64_t i = 0; i < hide; i++)
-            st[(size_t)j * bq16 + i] = -INFINITY;
+            st[j * lds + i] = -INFINITY;
     }
 }
 
@@ -273,12 +278,21 @@ static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i
             t->load(f->vp + (size_t)j * dv16, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)Dv,
                     (size_t)dv16, 1.0f);
         }
-        t->gemm(nk, bq16, D, f->kp, D, 1, f->qt, bq16, f->st, bq16, 0);
-        if (p->causal && k0 + nk - 1 > i0 + p->delta)
-            fwd_mask(p, f->st, nk, bq16, k0, i0);
-        t->softmax_fwd(f->st, nk, bq16, bq16, f->m, f->l, f->alpha);
-        t->scale_rows(f->o, nq, dv16, dv16, f->alpha);
-        t->gemm(nq, dv16, nk, f->st, 1, bq16, f->vp, dv16, f->o, dv16, 1);
+        /* Under the causal mask the query columns before c0 see none of
+         * these keys: leave them out of every step (a whole number of
+         * vectors, so the tile stays aligned). */
+        int c0 = 0;
+        if (p->causal && k0 - p->delta - i0 > 0) {
+            int64_t hidden = (k0 - p->delta - i0) / CPI_TILE_PAD * CPI_TILE_PAD;
+            c0 = (int)(hidden < nq ? hidden : nq); /* < nq: the last query sees key k0 */
+        }
+        float *st = f->st + c0;
+        t->gemm(nk, bq16 - c0, D, f->kp, D, 1, f->qt + c0, bq16, st, bq16, 0);
+        if (p->causal && k0 + nk - 1 > i0 + c0 + p->delta)
+            fwd_mask(p, st, nk, bq16, bq16 - c0, k0, i0 + c0);
+        t->softmax_fwd(st, nk, bq16 - c0, bq16, f->m + c0, f->l + c0, f->alpha + c0);
+        t->scale_rows(f->o + (size_t)c0 * dv16, nq - c0, dv16, dv16, f->alpha + c0);
+        t->gemm(nq - c0, dv16, nk, st, 1, bq16, f->vp, dv16, f->o + (size_t)c0 * dv16, dv16, 1);
     }
 
     /* normalise and write out (or merge into the running result) */
@@ -502,20 +516,23 @@ static void bwd_unit(const bwd_job *job, bwd_tiles *f, int64_t u)
         size_t bh_row = ((size_t)b * p->H + (size_t)h) * (size_t)p->Sq;
         for (int64_t i0 = i_first; i0 < p->Sq; i0 += BWD_BQ) {
             int nq = (int)(p->Sq - i0 < BWD_BQ ? p->Sq - i0 : BWD_BQ);
+            int kv = 0; /* keys [kv, nk) are hidden from every row of this tile */
             for (int i = 0; i < nq; i++) {
                 t->load(f->qp + (size_t)i * d16, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)d16, 1.0f);
                 t->load(f->dop + (size_t)i * dv16, row_at(&p->dout, b, i0 + i, h), p->dout.t, (size_t)Dv,
                         (size_t)dv16, 1.0f);
                 int64_t vis = visible_keys(p, i0 + i) - k0;
                 f->lim[i] = (int)(vis < 0 ? 0 : vis > nk ? nk : vis);
+                kv = f->lim[i] > kv ? f->lim[i] : kv;
             }
-            t->gemm(nq, bk16, D, f->qp, d16, 1, f->kt, bk16, f->s, bk16, 0);
-            t->gemm(nq, bk16, Dv, f->dop, dv16, 1, f->vt, bk16, f->dp, bk16, 0);
-            t->softmax_bwd(f->s, f->dp, nq, bk16, bk16, f->lim, p->c, p->scale, job->lse2 + bh_row + i0,
+            int kv16 = (int)cpi_pad16(kv);
+            t->gemm(nq, kv16, D, f->qp, d16, 1, f->kt, bk16, f->s, bk16, 0);
+            t->gemm(nq, kv16, Dv, f->dop, dv16, 1, f->vt, bk16, f->dp, bk16, 0);
+            t->softmax_bwd(f->s, f->dp, nq, kv16, bk16, f->lim, p->c, p->scale, job->lse2 + bh_row + i0,
                            job->drow + bh_row + i0);
-            t->gemm(nk, dv16, nq, f->s, 1, bk16, f->dop, dv16, f->dv, dv16, 1);
-            t->gemm(nk, d16, nq, f->dp, 1, bk16, f->qp, d16, f->dk, d16, 1);
-            t->gemm(nq, d16, nk, f->dp, bk16, 1, f->kp, d16, f->dq + (bh_row + (size_t)i0) * d16, d16, 1);
+            t->gemm(kv, dv16, nq, f->s, 1, bk16, f->dop, dv16, f->dv, dv16, 1);
+            t->gemm(kv, d16, nq, f->dp, 1, bk16, f->qp, d16, f->dk, d16, 1);
+            t->gemm(nq, d16, kv, f->dp, bk16, 1, f->kp, d16, f->dq + (bh_row + (size_t)i0) * d16, d16, 1);
         }
     }
     bwd_store_tile(p, &p->dk, f->dk, d16, b, k0, nk, kvh, D);
