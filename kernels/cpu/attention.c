@@ -21,17 +21,19 @@
  * each row is computed by one thread in a fixed order, so the result does
  * not depend on the thread count.
  *
- * Backward: one work unit per (batch, kv head, tile of BWD_BK key rows); it
- * owns dK and dV of its keys (all query heads of the GQA group add into them)
- * and walks over the visible query tiles, recomputing P from Q, K and LSE.
- * dQ gets contributions from every key tile, so each thread adds its share
- * into its own fp32 dQ buffer and a last pass sums the buffers in thread
- * order. Units are assigned to threads statically (snake order over units
- * sorted by cost), so for a given thread count the result is deterministic.
+ * Backward: the work of one (batch, kv head, tile of BWD_BK key rows) owns
+ * dK and dV of its keys (all query heads of the GQA group add into them) and
+ * walks over the visible query tiles, recomputing P from Q, K and LSE. dQ
+ * gets contributions from every key tile: the key tiles of each (batch, kv
+ * head) are cut into a few runs of equal work, each run adds into its own
+ * fp32 dQ slot, and a last pass sums the slots in a fixed order (see
+ * bwd_split). Runs are handed out dynamically; for a given thread count the
+ * result is deterministic.
  *
  * Workspace (exact, see carve_*): forward: per thread one set of tiles;
- * backward: per thread one set of tiles plus an fp32 dQ buffer of
- * batch * num_heads * seq_q * pad16(head_dim) floats, and two floats per
+ * backward: per thread one set of tiles, `chunks` fp32 dQ slots of
+ * batch * num_heads * seq_q * pad16(head_dim) floats (one slot unless there
+ * are fewer than 2 * threads (batch, kv head) pairs), and two floats per
  * query row (D = rowsum(dO * O) and the base-2 LSE). Nothing grows with
  * seq_q * seq_k.
  */
@@ -339,14 +341,15 @@ static int fwd_threads(const cpi_cpu_state *s, const problem *p)
     return units < n ? (int)units : n;
 }
 
-static cp_status fwd_layout(const problem *p, int threads, void *base, fwd_tiles *tiles, size_t *bytes)
+static cp_status fwd_layout(const problem *p, int threads, void *base, fwd_tiles *tiles, const char *func,
+                            size_t *bytes)
 {
     carve c = carve_begin(base);
     for (int i = 0; i < threads; i++) {
         fwd_tiles scratch;
         fwd_carve(&c, p, tiles ? &tiles[i] : &scratch);
     }
-    return carve_total(&c, "cp_kernel_attn_forward", bytes);
+    return carve_total(&c, func, bytes);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -364,17 +367,84 @@ typedef struct {
     float *s;   /* [BQ][BK16] scores, then P */
     float *dp;  /* [BQ][BK16] dP, then dS */
     int *lim;   /* [BQ] visible keys per query row */
-    float *dq;  /* [B][H][Sq][D16] this thread's dQ partial sums */
 } bwd_tiles;
+
+/*
+ * The key tiles of every (batch, kv head) are cut into `chunks` runs of about
+ * equal work; a unit is one run of one (batch, kv head). Run j adds its dQ
+ * contributions into dQ slot j, which no other unit of that (batch, kv head)
+ * touches, so units can run on any thread in any order and the slots are
+ * summed in a fixed order at the end: the result depends on the thread count
+ * only through `chunks`. With at least twice as many (batch, kv head) pairs
+ * as threads there is one chunk, so dQ costs one fp32 copy.
+ */
+typedef struct {
+    int threads, chunks;
+    int64_t units;
+} bwd_split;
 
 typedef struct {
     const problem *p;
-    int threads;
-    int64_t units;
-    bwd_tiles *tiles;
-    float *drow; /* [B][H][Sq] rowsum(dO * O) */
-    float *lse2; /* [B][H][Sq] LSE * log2(e), +inf for rows that see no key */
+    bwd_split sp;
+    int64_t *bounds; /* [chunks + 1] first key tile of each run */
+    bwd_tiles *tiles; /* one per thread */
+    float *dq;       /* [chunks][B][H][Sq][D16] fp32 dQ partial sums */
+    float *drow;     /* [B][H][Sq] rowsum(dO * O) */
+    float *lse2;     /* [B][H][Sq] LSE * log2(e), +inf for rows that see no key */
+    atomic_llong next;
 } bwd_job;
+
+static size_t rows_of(const problem *p)
+{
+    return (size_t)p->B * (size_t)p->H * (size_t)p->Sq;
+}
+
+static int64_t bwd_key_tiles(const problem *p)
+{
+    return (p->Sk + BWD_BK - 1) / BWD_BK;
+}
+
+static bwd_split bwd_plan(const cpi_cpu_state *s, const problem *p)
+{
+    int64_t groups = p->B * p->Hkv, tiles = bwd_key_tiles(p);
+    int t = cpi_cpu_state_threads(s);
+    int64_t c = (2 * (int64_t)t + groups - 1) / groups;
+    if (c > t)
+        c = t;
+    if (c > tiles)
+        c = tiles;
+    bwd_split sp = {t, (int)c, groups * c};
+    if (sp.units < t)
+        sp.threads = (int)sp.units;
+    return sp;
+}
+
+/* Work of key tile kt: the query rows that see its first key, times its keys. */
+static int64_t bwd_tile_cost(const problem *p, int64_t kt)
+{
+    int64_t k0 = kt * BWD_BK, nk = p->Sk - k0 < BWD_BK ? p->Sk - k0 : BWD_BK;
+    return (p->Sq - first_query(p, k0)) * nk;
+}
+
+/* bounds[j] = first key tile of run j: about equal shares of the total work,
+ * at least one tile each (chunks <= key tiles). */
+static void bwd_cut(const problem *p, int chunks, int64_t *bounds)
+{
+    int64_t tiles = bwd_key_tiles(p), total = 0, acc = 0, kt = 0;
+    for (int64_t i = 0; i < tiles; i++)
+        total += bwd_tile_cost(p, i);
+    bounds[0] = 0;
+    for (int j = 1; j < chunks; j++) {
+        /* run j-1 takes tiles until it has its share, leaving one tile for
+         * each later run */
+        int64_t last = tiles - (chunks - j);
+        do
+            acc += bwd_tile_cost(p, kt++);
+        while (kt < last && acc * chunks < total * j);
+        bounds[j] = kt;
+    }
+    bounds[chunks] = tiles;
+}
 
 static void bwd_carve_tiles(carve *c, const problem *p, bwd_tiles *f)
 {
@@ -391,41 +461,27 @@ static void bwd_carve_tiles(carve *c, const problem *p, bwd_tiles *f)
     f->lim = carve_take(c, (size_t)BWD_BQ, sizeof(int));
 }
 
-static size_t rows_of(const problem *p)
-{
-    return (size_t)p->B * (size_t)p->H * (size_t)p->Sq;
-}
-
-static cp_status bwd_layout(const problem *p, int threads, void *base, bwd_job *job, size_t *bytes)
+static cp_status bwd_layout(const problem *p, const bwd_split *sp, void *base, bwd_job *job, const char *func,
+                            size_t *bytes)
 {
     carve c = carve_begin(base);
-    size_t rows = rows_of(p), dq_floats;
-    if (!cpi_mul(rows, (size_t)cpi_pad16(p->D), &dq_floats))
+    size_t rows = rows_of(p), slot_floats = 0, dq_floats = 0;
+    if (!cpi_mul(rows, (size_t)cpi_pad16(p->D), &slot_floats) ||
+        !cpi_mul(slot_floats, (size_t)sp->chunks, &dq_floats))
         c.overflow = true;
+    float *dq = carve_take(&c, dq_floats, sizeof(float));
     float *drow = carve_take(&c, rows, sizeof(float));
     float *lse2 = carve_take(&c, rows, sizeof(float));
-    for (int i = 0; i < threads; i++) {
-        bwd_tiles scratch, *f = job ? &job->tiles[i] : &scratch;
-        bwd_carve_tiles(&c, p, f);
-        f->dq = carve_take(&c, dq_floats, sizeof(float));
+    for (int i = 0; i < sp->threads; i++) {
+        bwd_tiles scratch;
+        bwd_carve_tiles(&c, p, job ? &job->tiles[i] : &scratch);
     }
     if (job) {
+        job->dq = dq;
         job->drow = drow;
         job->lse2 = lse2;
     }
-    return carve_total(&c, "cp_kernel_attn_backward", bytes);
-}
-
-static int64_t bwd_units(const problem *p)
-{
-    return (p->Sk + BWD_BK - 1) / BWD_BK * p->B * p->Hkv;
-}
-
-static int bwd_threads(const cpi_cpu_state *s, const problem *p)
-{
-    int64_t units = bwd_units(p);
-    int n = cpi_cpu_state_threads(s);
-    return units < n ? (int)units : n;
+    return carve_total(&c, func, bytes);
 }
 
 /* An even share [lo, hi) of n items for thread t of nt. */
@@ -435,16 +491,17 @@ static void share(int64_t n, int t, int nt, int64_t *lo, int64_t *hi)
     *hi = n * (t + 1) / nt;
 }
 
-/* Pass 1: D = rowsum(dO * O), the base-2 LSE, and a zeroed dQ buffer. */
+/* Pass 1: D = rowsum(dO * O), the base-2 LSE, zeroed dQ slots. */
 static void bwd_prepare_task(void *arg, int tid, int nt)
 {
     bwd_job *job = arg;
     const problem *p = job->p;
     bwd_tiles *f = &job->tiles[tid];
-    size_t d16 = (size_t)cpi_pad16(p->D);
-    memset(f->dq, 0, sizeof(float) * rows_of(p) * d16);
+    size_t d16 = (size_t)cpi_pad16(p->D), rows = rows_of(p);
     int64_t lo, hi;
-    share((int64_t)rows_of(p), tid, nt, &lo, &hi);
+    share((int64_t)rows, tid, nt, &lo, &hi);
+    for (int j = 0; j < job->sp.chunks; j++)
+        memset(job->dq + ((size_t)j * rows + (size_t)lo) * d16, 0, sizeof(float) * (size_t)(hi - lo) * d16);
     for (int64_t r = lo; r < hi; r++) {
         int64_t i = r % p->Sq, bh = r / p->Sq, b = bh / p->H;
         int h = (int)(bh % p->H);
@@ -479,37 +536,35 @@ static void bwd_store_tile(const problem *p, const tview *dst, const float *acc,
                     p->grad_accumulate);
 }
 
-static void bwd_unit(const bwd_job *job, bwd_tiles *f, int64_t u)
+/* dK and dV of key tile kt of (b, kvh), and its share of dQ into dq_slot. */
+static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, int64_t kt, float *dq_slot)
 {
     const problem *p = job->p;
     const cpi_tile_ops *t = p->t;
     const int D = p->D, Dv = p->Dv, d16 = (int)cpi_pad16(D), dv16 = (int)cpi_pad16(Dv);
-    int64_t per_tile = p->B * p->Hkv;
-    int64_t k0 = u / per_tile * BWD_BK;
-    int64_t b = u % per_tile / p->Hkv;
-    int kvh = (int)(u % p->Hkv);
+    int64_t k0 = kt * BWD_BK;
     int nk = (int)(p->Sk - k0 < BWD_BK ? p->Sk - k0 : BWD_BK);
     int bk16 = (int)cpi_pad16(nk);
 
+    memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
+    memset(f->dv, 0, sizeof(float) * (size_t)nk * dv16);
     int64_t i_first = first_query(p, k0);
     if (i_first >= p->Sq) {
         /* no query sees these keys: zero gradients, or nothing to add */
         if (!p->grad_accumulate) {
-            memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
-            memset(f->dv, 0, sizeof(float) * (size_t)nk * dv16);
             bwd_store_tile(p, &p->dk, f->dk, d16, b, k0, nk, kvh, D);
             bwd_store_tile(p, &p->dv, f->dv, dv16, b, k0, nk, kvh, Dv);
         }
         return;
     }
 
+    /* K, K^T and V^T once for all query tiles; V passes through dV's tile */
     for (int j = 0; j < nk; j++) {
         t->load(f->kp + (size_t)j * d16, row_at(&p->k, b, k0 + j, kvh), p->k.t, (size_t)D, (size_t)d16, 1.0f);
         t->load(f->dv + (size_t)j * dv16, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)Dv, (size_t)dv16, 1.0f);
     }
     transpose(f->kt, bk16, f->kp, d16, nk, D);
     transpose(f->vt, bk16, f->dv, dv16, nk, Dv);
-    memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
     memset(f->dv, 0, sizeof(float) * (size_t)nk * dv16);
 
     for (int h = kvh * p->G; h < (kvh + 1) * p->G; h++) {
@@ -526,47 +581,54 @@ static void bwd_unit(const bwd_job *job, bwd_tiles *f, int64_t u)
                 kv = f->lim[i] > kv ? f->lim[i] : kv;
             }
             int kv16 = (int)cpi_pad16(kv);
+            /* S = Q K^T, dP = dO V^T; P and dS = scale * P * (dP - D) */
             t->gemm(nq, kv16, D, f->qp, d16, 1, f->kt, bk16, f->s, bk16, 0);
             t->gemm(nq, kv16, Dv, f->dop, dv16, 1, f->vt, bk16, f->dp, bk16, 0);
             t->softmax_bwd(f->s, f->dp, nq, kv16, bk16, f->lim, p->c, p->scale, job->lse2 + bh_row + i0,
                            job->drow + bh_row + i0);
+            /* dV += P^T dO, dK += dS^T Q, dQ += dS K */
             t->gemm(kv, dv16, nq, f->s, 1, bk16, f->dop, dv16, f->dv, dv16, 1);
             t->gemm(kv, d16, nq, f->dp, 1, bk16, f->qp, d16, f->dk, d16, 1);
-            t->gemm(nq, d16, kv, f->dp, bk16, 1, f->kp, d16, f->dq + (bh_row + (size_t)i0) * d16, d16, 1);
+            t->gemm(nq, d16, kv, f->dp, bk16, 1, f->kp, d16, dq_slot + (bh_row + (size_t)i0) * d16, d16, 1);
         }
     }
     bwd_store_tile(p, &p->dk, f->dk, d16, b, k0, nk, kvh, D);
     bwd_store_tile(p, &p->dv, f->dv, dv16, b, k0, nk, kvh, Dv);
 }
 
-/* Pass 2: units in cost order (key tiles from first to last: under a causal
- * mask later keys are seen by fewer queries), dealt to threads in snake order
- * 0, 1, .., n-1, n-1, .., 0 so that the loads even out. */
+/* Pass 2: units handed out dynamically. */
 static void bwd_main_task(void *arg, int tid, int nt)
 {
+    (void)nt;
     bwd_job *job = arg;
-    for (int64_t u = 0; u < job->units; u++) {
-        int64_t round = u / nt, pos = u % nt;
-        int owner = (int)(round % 2 == 0 ? pos : nt - 1 - pos);
-        if (owner == tid)
-            bwd_unit(job, &job->tiles[tid], u);
+    const problem *p = job->p;
+    size_t slot_floats = rows_of(p) * (size_t)cpi_pad16(p->D);
+    for (;;) {
+        int64_t u = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        if (u >= job->sp.units)
+            break;
+        int j = (int)(u % job->sp.chunks);
+        int64_t g = u / job->sp.chunks, b = g / p->Hkv;
+        int kvh = (int)(g % p->Hkv);
+        for (int64_t kt = job->bounds[j]; kt < job->bounds[j + 1]; kt++)
+            bwd_key_tile(job, &job->tiles[tid], b, kvh, kt, job->dq + (size_t)j * slot_floats);
     }
 }
 
-/* Pass 3: dq = (dq +) sum over threads of their dQ buffers, in thread order. */
+/* Pass 3: dq = (dq +) the sum of the dQ slots, in slot order. */
 static void bwd_reduce_task(void *arg, int tid, int nt)
 {
     bwd_job *job = arg;
     const problem *p = job->p;
-    size_t d16 = (size_t)cpi_pad16(p->D);
+    size_t d16 = (size_t)cpi_pad16(p->D), rows = rows_of(p);
     int64_t lo, hi;
-    share((int64_t)rows_of(p), tid, nt, &lo, &hi);
+    share((int64_t)rows, tid, nt, &lo, &hi);
     for (int64_t r = lo; r < hi; r++) {
         int64_t i = r % p->Sq, bh = r / p->Sq, b = bh / p->H;
         int h = (int)(bh % p->H);
-        float *sum = job->tiles[0].dq + (size_t)r * d16;
-        for (int o = 1; o < job->threads; o++) {
-            const float *x = job->tiles[o].dq + (size_t)r * d16;
+        float *sum = job->dq + (size_t)r * d16;
+        for (int j = 1; j < job->sp.chunks; j++) {
+            const float *x = job->dq + ((size_t)j * rows + (size_t)r) * d16;
             for (int d = 0; d < p->D; d++)
                 sum[d] += x[d];
         }
@@ -582,9 +644,12 @@ cp_status cpi_cpu_attn_workspace_size(void *state, const cp_kernel_attn_args *a,
 {
     cpi_cpu_state *s = state;
     problem p = make_problem(cpi_cpu_state_tiles(s), a, backward);
-    if (backward)
-        return bwd_layout(&p, bwd_threads(s, &p), NULL, NULL, bytes);
-    return fwd_layout(&p, fwd_threads(s, &p), NULL, NULL, bytes);
+    const char *func = "cp_kernel_attn_workspace_size";
+    if (backward) {
+        bwd_split sp = bwd_plan(s, &p);
+        return bwd_layout(&p, &sp, NULL, NULL, func, bytes);
+    }
+    return fwd_layout(&p, fwd_threads(s, &p), NULL, NULL, func, bytes);
 }
 
 /* The caller's workspace, or one of our own when it passed none. */
@@ -615,14 +680,14 @@ cp_status cpi_cpu_attn_forward(void *state, const cp_kernel_attn_args *a)
     problem p = make_problem(cpi_cpu_state_tiles(s), a, 0);
     int threads = fwd_threads(s, &p);
     size_t need;
-    CPI_TRY(fwd_layout(&p, threads, NULL, NULL, &need));
+    CPI_TRY(fwd_layout(&p, threads, NULL, NULL, "cp_kernel_attn_forward", &need));
     fwd_tiles *tiles = cpi_calloc((size_t)threads, sizeof *tiles);
     if (!tiles)
         return CP_ERROR_OUT_OF_MEMORY;
     void *base, *owned;
     cp_status st = get_workspace(a, need, "cp_kernel_attn_forward", &base, &owned);
     if (st == CP_SUCCESS) {
-        fwd_layout(&p, threads, base, tiles, &need);
+        fwd_layout(&p, threads, base, tiles, "cp_kernel_attn_forward", &need);
         fwd_job job = {.p = &p, .tiles = tiles};
         job.units = fwd_units(&p, &job.q_tiles);
         atomic_init(&job.next, 0);
@@ -635,24 +700,26 @@ cp_status cpi_cpu_attn_forward(void *state, const cp_kernel_attn_args *a)
 
 cp_status cpi_cpu_attn_backward(void *state, const cp_kernel_attn_args *a)
 {
+    const char *func = "cp_kernel_attn_backward";
     cpi_cpu_state *s = state;
     problem p = make_problem(cpi_cpu_state_tiles(s), a, 1);
-    int threads = bwd_threads(s, &p);
+    bwd_job job = {.p = &p, .sp = bwd_plan(s, &p)};
     size_t need;
-    CPI_TRY(bwd_layout(&p, threads, NULL, NULL, &need));
-    bwd_job job = {.p = &p, .threads = threads, .units = bwd_units(&p)};
-    job.tiles = cpi_calloc((size_t)threads, sizeof *job.tiles);
-    if (!job.tiles)
-        return CP_ERROR_OUT_OF_MEMORY;
-    void *base, *owned;
-    cp_status st = get_workspace(a, need, "cp_kernel_attn_backward", &base, &owned);
+    CPI_TRY(bwd_layout(&p, &job.sp, NULL, NULL, func, &need));
+    job.tiles = cpi_calloc((size_t)job.sp.threads, sizeof *job.tiles);
+    job.bounds = cpi_calloc((size_t)job.sp.chunks + 1, sizeof *job.bounds);
+    void *base = NULL, *owned = NULL;
+    cp_status st = job.tiles && job.bounds ? get_workspace(a, need, func, &base, &owned) : CP_ERROR_OUT_OF_MEMORY;
     if (st == CP_SUCCESS) {
-        bwd_layout(&p, threads, base, &job, &need);
-        cpi_cpu_parallel(s, threads, bwd_prepare_task, &job);
-        cpi_cpu_parallel(s, threads, bwd_main_task, &job);
-        cpi_cpu_parallel(s, threads, bwd_reduce_task, &job);
+        bwd_layout(&p, &job.sp, base, &job, func, &need);
+        bwd_cut(&p, job.sp.chunks, job.bounds);
+        atomic_init(&job.next, 0);
+        cpi_cpu_parallel(s, job.sp.threads, bwd_prepare_task, &job);
+        cpi_cpu_parallel(s, job.sp.threads, bwd_main_task, &job);
+        cpi_cpu_parallel(s, job.sp.threads, bwd_reduce_task, &job);
     }
     free(owned);
+    free(job.bounds);
     free(job.tiles);
     return st;
 }
