@@ -80,6 +80,7 @@ static void stop_workers(cpi_cpu_state *s)
 
 cp_status cpi_cpu_state_create(int num_threads, cpi_cpu_state **out)
 {
+    *out = NULL;
     const cpi_tile_ops *tiles;
     CPI_TRY(cpi_tile_ops_select(&tiles));
     cpi_cpu_state *s = cpi_calloc(1, sizeof *s);
