@@ -546,12 +546,12 @@ static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, i
     int nk = (int)(p->Sk - k0 < BWD_BK ? p->Sk - k0 : BWD_BK);
     int bk16 = (int)cpi_pad16(nk);
 
-    memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
-    memset(f->dv, 0, sizeof(float) * (size_t)nk * dv16);
     int64_t i_first = first_query(p, k0);
     if (i_first >= p->Sq) {
         /* no query sees these keys: zero gradients, or nothing to add */
         if (!p->grad_accumulate) {
+            memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
+            memset(f->dv, 0, sizeof(float) * (size_t)nk * dv16);
             bwd_store_tile(p, &p->dk, f->dk, d16, b, k0, nk, kvh, D);
             bwd_store_tile(p, &p->dv, f->dv, dv16, b, k0, nk, kvh, Dv);
         }
@@ -565,6 +565,7 @@ static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, i
     }
     transpose(f->kt, bk16, f->kp, d16, nk, D);
     transpose(f->vt, bk16, f->dv, dv16, nk, Dv);
+    memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
     memset(f->dv, 0, sizeof(float) * (size_t)nk * dv16);
 
     for (int h = kvh * p->G; h < (kvh + 1) * p->G; h++) {
