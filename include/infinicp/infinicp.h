@@ -307,7 +307,8 @@ typedef struct cp_kernel_attn_args {
     float *lse; int64_t lse_stride_b, lse_stride_h;
     /**
      * forward only: 0 = overwrite (o, lse); 1 = (o, lse) hold a partial
-     * result over other keys (o in F32) and this block is merged into it.
+     * result over other keys (keep o in F32 for full precision; an empty
+     * one is o = 0, lse = -inf) and this block is merged into it.
      */
     int accumulate;
 
