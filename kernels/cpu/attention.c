@@ -680,12 +680,12 @@ cp_status cpi_cpu_attn_forward(void *state, const cp_kernel_attn_args *a)
     cpi_cpu_state *s = state;
     problem p = make_problem(cpi_cpu_state_tiles(s), a, 0);
     int threads = fwd_threads(s, &p);
-    size_t need;
+    size_t need = 0;
     CPI_TRY(fwd_layout(&p, threads, NULL, NULL, "cp_kernel_attn_forward", &need));
     fwd_tiles *tiles = cpi_calloc((size_t)threads, sizeof *tiles);
     if (!tiles)
         return CP_ERROR_OUT_OF_MEMORY;
-    void *base, *owned;
+    void *base = NULL, *owned = NULL;
     cp_status st = get_workspace(a, need, "cp_kernel_attn_forward", &base, &owned);
     if (st == CP_SUCCESS) {
         fwd_layout(&p, threads, base, tiles, "cp_kernel_attn_forward", &need);
@@ -705,7 +705,7 @@ cp_status cpi_cpu_attn_backward(void *state, const cp_kernel_attn_args *a)
     cpi_cpu_state *s = state;
     problem p = make_problem(cpi_cpu_state_tiles(s), a, 1);
     bwd_job job = {.p = &p, .sp = bwd_plan(s, &p)};
-    size_t need;
+    size_t need = 0;
     CPI_TRY(bwd_layout(&p, &job.sp, NULL, NULL, func, &need));
     job.tiles = cpi_calloc((size_t)job.sp.threads, sizeof *job.tiles);
     job.bounds = cpi_calloc((size_t)job.sp.chunks + 1, sizeof *job.bounds);
