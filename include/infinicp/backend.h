@@ -78,6 +78,13 @@ typedef struct cp_backend_ops {
     cp_status (*reduce)(void *state, void *acc, const void *x, cp_dtype dtype, size_t count,
                         cp_reduce_op op);
 
+    /*
+     * The attention kernels get arguments the core has validated and
+     * normalised: struct_size = sizeof(cp_kernel_attn_args), head_dim_v and
+     * softmax_scale filled in, every all-zero stride set replaced by the
+     * dense strides of the format (likewise for merge). In
+     * attn_workspace_size the data pointers may be NULL.
+     */
     /** Scratch bytes attn_forward (backward = 0) or attn_backward (1) needs for @p a. */
     cp_status (*attn_workspace_size)(void *state, const cp_kernel_attn_args *a, int backward,
                                      size_t *bytes);
