@@ -34,8 +34,8 @@ typedef struct run_cfg {
 } run_cfg;
 
 typedef struct run_out {
-    double *out, *lse, *dq, *dk, *dv; /* global, FP64 */
-    size_t ws_fwd, ws_bwd;            /* of CP rank 0 */
+    cpref_result g;        /* global results, FP64 */
+    size_t ws_fwd, ws_bwd; /* of CP rank 0 */
     cp_status status;
     char error[512];
 } run_out;
@@ -161,11 +161,11 @@ static void *rank_main(void *arg)
         goto out;
     }
     if (color == 0) {
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, o, sh->H, sh->Dv, j->o->out);
-        cpref_unshard_lse(sh, c->layout, P, r, lse, j->o->lse);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dq, sh->H, sh->D, j->o->dq);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dk, sh->Hkv, sh->D, j->o->dk);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dv, sh->Hkv, sh->Dv, j->o->dv);
+        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, o, sh->H, sh->Dv, j->o->g.out);
+        cpref_unshard_lse(sh, c->layout, P, r, lse, j->o->g.lse);
+        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dq, sh->H, sh->D, j->o->g.dq);
+        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dk, sh->Hkv, sh->D, j->o->g.dk);
+        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dv, sh->Hkv, sh->Dv, j->o->g.dv);
     }
 out:
     for (int i = 0; i < 9; i++)
@@ -182,20 +182,12 @@ out:
 static void out_alloc(run_out *o, const cpref_shape *sh)
 {
     memset(o, 0, sizeof *o);
-    o->out = calloc(nelem(sh, sh->S, sh->H, sh->Dv), sizeof(double));
-    o->lse = calloc((size_t)sh->B * (size_t)sh->H * (size_t)sh->S, sizeof(double));
-    o->dq = calloc(nelem(sh, sh->S, sh->H, sh->D), sizeof(double));
-    o->dk = calloc(nelem(sh, sh->S, sh->Hkv, sh->D), sizeof(double));
-    o->dv = calloc(nelem(sh, sh->S, sh->Hkv, sh->Dv), sizeof(double));
+    cpref_result_alloc(&o->g, sh);
 }
 
 static void out_free(run_out *o)
 {
-    free(o->out);
-    free(o->lse);
-    free(o->dq);
-    free(o->dk);
-    free(o->dv);
+    cpref_result_free(&o->g);
 }
 
 /* Run CP attention with c->P ranks (2 * c->P world ranks when strided). */
@@ -226,17 +218,12 @@ static cp_status run_cp(const cpref_data *d, const run_cfg *c, run_out *o)
 typedef struct errs {
     double e[5];
 } errs;
-static const char *err_names[5] = { "out", "lse", "dq", "dk", "dv" };
+#define err_names cpref_error_names
 
 static errs errors(const cpref_data *d, const run_out *o)
 {
-    const cpref_shape *sh = &d->sh;
     errs r;
-    r.e[0] = cpref_rel_rms(o->out, d->out, nelem(sh, sh->S, sh->H, sh->Dv));
-    r.e[1] = cpref_rel_rms(o->lse, d->lse, (size_t)sh->B * (size_t)sh->H * (size_t)sh->S);
-    r.e[2] = cpref_rel_rms(o->dq, d->dq, nelem(sh, sh->S, sh->H, sh->D));
-    r.e[3] = cpref_rel_rms(o->dk, d->dk, nelem(sh, sh->S, sh->Hkv, sh->D));
-    r.e[4] = cpref_rel_rms(o->dv, d->dv, nelem(sh, sh->S, sh->Hkv, sh->Dv));
+    cpref_errors(d, &o->g, r.e);
     return r;
 }
 
