@@ -21,6 +21,7 @@
 #include <infinicp/infinicp.h>
 
 #include "cpref.h"
+#include "cprun.h"
 #include "testutil.h"
 
 typedef struct run_cfg {
@@ -59,11 +60,6 @@ static void record(rank_job *j, cp_status s, const char *what)
     pthread_mutex_unlock(j->lock);
 }
 
-static size_t nelem(const cpref_shape *sh, int64_t tokens, int heads, int dim)
-{
-    return (size_t)sh->B * (size_t)tokens * (size_t)heads * (size_t)dim;
-}
-
 static void *rank_main(void *arg)
 {
     rank_job *j = arg;
@@ -74,8 +70,6 @@ static void *rank_main(void *arg)
     cp_comm *cpc = NULL, *split = NULL;
     cp_group *g = NULL;
     cp_attn_plan *plan = NULL;
-    void *buf[10] = { 0 };
-    float *lse = NULL;
 
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 1;
@@ -108,69 +102,20 @@ static void *rank_main(void *arg)
     cp_group_rank(g, &r);
     cp_group_size(g, &P);
 
-    cp_attn_desc desc = CP_ATTN_DESC_INIT;
-    desc.dtype = c->dtype;
-    desc.format = c->format;
-    desc.batch = sh->B;
-    desc.seq_len = sh->S;
-    desc.num_heads = sh->H;
-    desc.num_kv_heads = sh->Hkv;
-    desc.head_dim = sh->D;
-    desc.head_dim_v = sh->Dv;
-    desc.mask = sh->causal ? CP_MASK_CAUSAL : CP_MASK_NONE;
-    desc.softmax_scale = sh->scale;
-    desc.layout = c->layout;
-    desc.mode = c->mode;
+    cp_attn_desc desc = cprun_desc(sh, c->dtype, c->format, c->layout, c->mode);
     s = cp_attn_plan_create(g, &desc, &plan);
     if (s != CP_SUCCESS) {
         record(j, s, "cp_attn_plan_create");
         goto out;
     }
-    size_t wf = 0, wb = 0;
-    cp_attn_workspace_size(plan, &wf, &wb);
-    if (r == 0 && color == 0) {
-        j->o->ws_fwd = wf;
-        j->o->ws_bwd = wb;
-    }
-
-    const int64_t n = sh->S / P;
-    const size_t es = cpref_dtype_size(c->dtype);
-    const size_t nq = nelem(sh, n, sh->H, sh->D), nk = nelem(sh, n, sh->Hkv, sh->D),
-                 nv = nelem(sh, n, sh->Hkv, sh->Dv), no = nelem(sh, n, sh->H, sh->Dv);
-    const size_t sizes[9] = { nq, nk, nv, no, no, nq, nk, nv, wf > wb ? wf : wb };
-    for (int i = 0; i < 9; i++)
-        buf[i] = malloc(i == 8 ? sizes[i] + 1 : sizes[i] * es);
-    lse = malloc((size_t)sh->B * (size_t)sh->H * (size_t)n * sizeof *lse);
-    void *q = buf[0], *k = buf[1], *v = buf[2], *o = buf[3], *dout = buf[4], *dq = buf[5], *dk = buf[6],
-         *dv = buf[7], *ws = buf[8];
-    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->q, sh->H, sh->D, q);
-    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->k, sh->Hkv, sh->D, k);
-    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->v, sh->Hkv, sh->Dv, v);
-    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->dout, sh->H, sh->Dv, dout);
-
-    /* The caller's workspace on odd runs, the library's own on even ones. */
-    int own = (r + (int)c->mode) % 2;
-    s = cp_attn_forward(plan, q, k, v, o, lse, own ? NULL : ws, own ? 0 : wf);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_attn_forward");
-        goto out;
-    }
-    s = cp_attn_backward(plan, q, k, v, o, lse, dout, dq, dk, dv, own ? NULL : ws, own ? 0 : wb);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_attn_backward");
-        goto out;
-    }
-    if (color == 0) {
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, o, sh->H, sh->Dv, j->o->g.out);
-        cpref_unshard_lse(sh, c->layout, P, r, lse, j->o->g.lse);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dq, sh->H, sh->D, j->o->g.dq);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dk, sh->Hkv, sh->D, j->o->g.dk);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dv, sh->Hkv, sh->Dv, j->o->g.dv);
-    }
+    if (r == 0 && color == 0)
+        cp_attn_workspace_size(plan, &j->o->ws_fwd, &j->o->ws_bwd);
+    /* The library's own workspace on some ranks, the caller's on others. */
+    const char *what = "";
+    s = cprun_rank(plan, d, &desc, P, r, (r + (int)c->mode) % 2, color == 0 ? &j->o->g : NULL, &what);
+    if (s != CP_SUCCESS)
+        record(j, s, what);
 out:
-    for (int i = 0; i < 9; i++)
-        free(buf[i]);
-    free(lse);
     cp_attn_plan_destroy(plan);
     cp_group_destroy(g);
     cp_comm_destroy(split);

@@ -23,6 +23,7 @@
 #include <infinicp/mpi.h>
 
 #include "cpref.h"
+#include "cprun.h"
 
 #define TIMEOUT_MS 60000
 
@@ -51,57 +52,19 @@ static size_t n_of(const cpref_shape *sh, int64_t tokens, int heads, int dim)
     return (size_t)sh->B * (size_t)tokens * (size_t)heads * (size_t)dim;
 }
 
-/* Run on group g (this process's share) and write the share into r (zeros
- * elsewhere). Returns the status; the error text stays in cp_last_error(). */
+/* Run on group g and write this process's share into r (zeros elsewhere).
+ * Returns the status; the error text stays in cp_last_error(). */
 static cp_status run(cp_group *g, const cpref_data *d, const cfg *c, cpref_result *r)
 {
-    const cpref_shape *sh = &d->sh;
     int rank, P;
     cp_group_rank(g, &rank);
     cp_group_size(g, &P);
-    cp_attn_desc desc = CP_ATTN_DESC_INIT;
-    desc.dtype = c->dtype;
-    desc.batch = sh->B;
-    desc.seq_len = sh->S;
-    desc.num_heads = sh->H;
-    desc.num_kv_heads = sh->Hkv;
-    desc.head_dim = sh->D;
-    desc.head_dim_v = sh->Dv;
-    desc.mask = sh->causal ? CP_MASK_CAUSAL : CP_MASK_NONE;
-    desc.softmax_scale = sh->scale;
-    desc.layout = c->layout;
-    desc.mode = c->mode;
+    cp_attn_desc desc = cprun_desc(&d->sh, c->dtype, CP_FORMAT_BSHD, c->layout, c->mode);
     cp_attn_plan *p = NULL;
     cp_status s = cp_attn_plan_create(g, &desc, &p);
-    if (s != CP_SUCCESS)
-        return s;
-    const int64_t n = sh->S / P;
-    const size_t es = cpref_dtype_size(c->dtype);
-    const size_t sz[8] = { n_of(sh, n, sh->H, sh->D),  n_of(sh, n, sh->Hkv, sh->D), n_of(sh, n, sh->Hkv, sh->Dv),
-                           n_of(sh, n, sh->H, sh->Dv), n_of(sh, n, sh->H, sh->Dv),  n_of(sh, n, sh->H, sh->D),
-                           n_of(sh, n, sh->Hkv, sh->D), n_of(sh, n, sh->Hkv, sh->Dv) };
-    void *t[8];
-    for (int i = 0; i < 8; i++)
-        t[i] = malloc(sz[i] * es);
-    float *lse = malloc((size_t)sh->B * (size_t)sh->H * (size_t)n * sizeof *lse);
-    const cp_format f = CP_FORMAT_BSHD;
-    cpref_shard(sh, c->layout, P, rank, f, c->dtype, d->q, sh->H, sh->D, t[0]);
-    cpref_shard(sh, c->layout, P, rank, f, c->dtype, d->k, sh->Hkv, sh->D, t[1]);
-    cpref_shard(sh, c->layout, P, rank, f, c->dtype, d->v, sh->Hkv, sh->Dv, t[2]);
-    cpref_shard(sh, c->layout, P, rank, f, c->dtype, d->dout, sh->H, sh->Dv, t[4]);
-    s = cp_attn_forward(p, t[0], t[1], t[2], t[3], lse, NULL, 0);
+    const char *what = "cp_attn_plan_create";
     if (s == CP_SUCCESS)
-        s = cp_attn_backward(p, t[0], t[1], t[2], t[3], lse, t[4], t[5], t[6], t[7], NULL, 0);
-    if (s == CP_SUCCESS) {
-        cpref_unshard(sh, c->layout, P, rank, f, c->dtype, t[3], sh->H, sh->Dv, r->out);
-        cpref_unshard_lse(sh, c->layout, P, rank, lse, r->lse);
-        cpref_unshard(sh, c->layout, P, rank, f, c->dtype, t[5], sh->H, sh->D, r->dq);
-        cpref_unshard(sh, c->layout, P, rank, f, c->dtype, t[6], sh->Hkv, sh->D, r->dk);
-        cpref_unshard(sh, c->layout, P, rank, f, c->dtype, t[7], sh->Hkv, sh->Dv, r->dv);
-    }
-    for (int i = 0; i < 8; i++)
-        free(t[i]);
-    free(lse);
+        s = cprun_rank(p, d, &desc, P, rank, 1, r, &what);
     cp_attn_plan_destroy(p);
     return s;
 }
