@@ -372,7 +372,9 @@ static double lse_error(const double *ref, const float *got, size_t n)
             continue;
         }
         double e = fabs((double)got[i] - ref[i]);
-        if (!(e <= worst))
+        if (isnan(e))
+            return INFINITY;
+        if (e > worst)
             worst = e;
     }
     return worst;

@@ -128,23 +128,19 @@ __global__ void __launch_bounds__(R * TPR) fwd_kernel(attn_params p)
         }
     }
 
-    if (i >= p.Sq)
-        return;
+    // Rows past the block take part in the warp barrier but write nothing.
+    const bool valid = i < p.Sq;
     const float lse_blk = l > 0.0f ? (m + log2f(l)) * LN2 : -INFINITY;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     float *lse = p.lse + b * p.lsb + h * p.lsh + i;
-    const int64_t o = at(p.o, b, i, h);
+    const int64_t o = valid ? at(p.o, b, i, h) : 0;
     void *op = const_cast<void *>(p.o.p);
-    if (!p.accumulate) {
-        for (int dv = c8; dv < Dv; dv += TPR)
-            st_f(op, p.odt, o + dv, Os[r * OP + dv] * inv);
-        if (c8 == 0)
-            *lse = lse_blk;
-        return;
+    float w1 = 0.0f, w2 = 1.0f, merged = lse_blk;
+    bool add = valid;
+    if (p.accumulate) {
+        add = valid && merge_weights(*lse, lse_blk, &w1, &w2, &merged);
+        __syncwarp(); // all lanes of the row have read the running LSE
     }
-    float w1, w2, merged;
-    const bool add = merge_weights(*lse, lse_blk, &w1, &w2, &merged);
-    __syncwarp(); // all lanes of the row have read the running LSE
     if (!add)
         return;
     for (int dv = c8; dv < Dv; dv += TPR)
