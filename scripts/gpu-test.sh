@@ -15,11 +15,11 @@ status=0
     | tee "$logs/device.txt"
 
 if [ ! -d "$build" ]; then
-    meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-90}" -Dmpi=disabled -Ddocs=disabled >"$logs/setup.log" 2>&1 \
-        || { tail -40 "$logs/setup.log"; exit 1; }
+    meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-90}" -Dmpi=disabled -Ddocs=disabled >"$logs/build.log" 2>&1 \
+        || { tail -40 "$logs/build.log"; exit 1; }
 fi
 start=$(date +%s)
-meson compile -C "$build" >"$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -40; exit 1; }
+meson compile -C "$build" >>"$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -40; exit 1; }
 echo "build: $(($(date +%s) - start)) s"
 
 meson test -C "$build" --suite gpu --suite unit --print-errorlogs --timeout-multiplier 3 >"$logs/test.log" 2>&1 || status=1
