@@ -33,6 +33,13 @@ grep "FAIL" "$logs/errors.txt" | head -20
 mod="$build/kernels/cuda"
 INFINICP_MODULE_PATH=$mod timeout 300 "$build/tests/bench-gpu" 5 2>&1 | tee "$logs/bench.txt" || status=1
 
+# time of each fused kernel (forward, dK/dV, dQ) for the first bench shapes
+if command -v ncu >/dev/null 2>&1; then
+    INFINICP_MODULE_PATH=$mod timeout 200 ncu --clock-control none -k regex:mma_kernel -c 12 \
+        --metrics gpu__time_duration.sum "$build/tests/bench-gpu" 1 2>&1 \
+        | grep -E "mma_kernel|gpu__time_duration" | sed -E 's/\(attn_params\).*//' | tee -a "$logs/bench.txt"
+fi
+
 for tool in memcheck racecheck; do
     INFINICP_MODULE_PATH=$mod INFINICP_GPU_TEST_CASES=${SANITIZE_CASES:-gqa} timeout 300 \
         compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/test-gpu-kernels" >"$logs/$tool.log" 2>&1

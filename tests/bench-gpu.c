@@ -104,7 +104,7 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     a.workspace_bytes = wf > wb ? wf : wb;
     double flops = 4.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * sh->D * (sh->causal ? 0.5 : 1.0);
     double tf = time_call(st, 0, &a, reps), tb = time_call(st, 1, &a, reps);
-    printf("%-7s %-5s B=%d H=%-2d D=%-3d S=%-6lld %-6s fwd %8.3f ms %7.1f TFLOP/s   bwd %8.3f ms %7.1f TFLOP/s\n",
+    printf("%-8s %-5s B=%d H=%-2d D=%-3d S=%-6lld %-6s fwd %8.3f ms %7.1f TFLOP/s   bwd %8.3f ms %7.1f TFLOP/s\n",
            path, dt == CP_DTYPE_BF16 ? "bf16" : dt == CP_DTYPE_F16 ? "f16" : "f32", sh->B, sh->H, sh->D,
            (long long)sh->S, sh->causal ? "causal" : "full", tf * 1e3, flops / tf * 1e-12, tb * 1e3,
            2.5 * flops / tb * 1e-12);
@@ -136,6 +136,9 @@ int main(int argc, char **argv)
         return 1;
     }
     void *st = open_path(NULL), *blas = open_path("cublas"), *simt = open_path("simt");
+    setenv("INFINICP_CUDA_FWD_MT", "1", 1);
+    void *mt1 = open_path(NULL);
+    unsetenv("INFINICP_CUDA_FWD_MT");
     const size_t n = (size_t)16384 * 16 * 128; /* 16k tokens x 2048 values, every shape below */
     void *q = random_buffer(st, n, CP_DTYPE_BF16, 1), *k = random_buffer(st, n, CP_DTYPE_BF16, 2);
     void *v = random_buffer(st, n, CP_DTYPE_BF16, 3), *dout = random_buffer(st, n, CP_DTYPE_BF16, 4);
@@ -147,6 +150,10 @@ int main(int argc, char **argv)
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run(st, "mma", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    /* the forward with one row tile per warp, for comparison */
+    run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[1], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[4], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[6], q, k, v, o, dout, dq, dk, dv, lse, reps);
     const shape small = {1, 16, 128, 4096, 1};
     run(blas, "cublas", CP_DTYPE_BF16, &small, q, k, v, o, dout, dq, dk, dv, lse, reps);
     run(simt, "simt", CP_DTYPE_BF16, &small, q, k, v, o, dout, dq, dk, dv, lse, 3);

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/context.h"
 
@@ -16,10 +17,15 @@
 static const cp_backend_ops *gpu_ops;
 
 /* Load the module and open device 0 with the attention path forced to
- * `path` (NULL = automatic). Returns NULL, having printed why, when there is
- * no module, driver or GPU. */
+ * `path` (NULL = automatic; "mma-mt1" = the mma path with one row tile per
+ * warp in the forward). Returns NULL, having printed why, when there is no
+ * module, driver or GPU. */
 static inline void *gpu_open(const char *path)
 {
+    if (path && !strcmp(path, "mma-mt1")) {
+        setenv("INFINICP_CUDA_FWD_MT", "1", 1);
+        path = NULL;
+    }
     if (!gpu_ops) {
         cp_status s = cpi_backend_for(CP_DEVICE_CUDA, &gpu_ops);
         if (s != CP_SUCCESS) {
@@ -34,6 +40,7 @@ static inline void *gpu_open(const char *path)
     void *st = NULL;
     cp_status s = gpu_ops->open(0, NULL, 0, &st);
     unsetenv("INFINICP_CUDA_ATTN");
+    unsetenv("INFINICP_CUDA_FWD_MT");
     if (s != CP_SUCCESS) {
         printf("SKIP: no usable CUDA device: %s (%s)\n", cp_last_error(), cp_status_string(s));
         return NULL;

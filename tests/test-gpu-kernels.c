@@ -24,8 +24,10 @@
 #include "gpuenv.h"
 #include "testutil.h"
 
-enum { PATH_AUTO, PATH_SIMT, PATH_BLAS, NPATHS };
-static const char *path_name[NPATHS] = {"auto", "simt", "cublas"};
+/* "auto" picks mma for F16 / BF16 (two row tiles per warp in the forward),
+ * "mma-mt1" the mma forward with one row tile per warp. */
+enum { PATH_AUTO, PATH_MT1, PATH_SIMT, PATH_BLAS, NPATHS };
+static const char *path_name[NPATHS] = {"auto", "mma-mt1", "simt", "cublas"};
 static void *states[NPATHS];
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -584,7 +586,7 @@ static void check_case(const blk *c, cp_dtype t, int *failures)
             int bad = nonfinite || !(eo <= tol_fwd(t)) || !(el <= 1e-4) || !(eq <= tol_bwd(t)) ||
                       !(ek <= tol_bwd(t)) || !(ev <= tol_bwd(t)) || !(xo <= 2 * tol_fwd(t)) ||
                       !(xq <= 2 * tol_bwd(t)) || !(xk <= 2 * tol_bwd(t));
-            printf("%-16s %-4s %-6s %s  o %.2e lse %.1e dq %.2e dk %.2e dv %.2e | vs cublas o %.1e dq %.1e dk %.1e%s\n",
+            printf("%-16s %-4s %-7s %s  o %.2e lse %.1e dq %.2e dk %.2e dv %.2e | vs cublas o %.1e dq %.1e dk %.1e%s\n",
                    c->name, dtype_name[t == CP_DTYPE_F32 ? 0 : t == CP_DTYPE_F16 ? 1 : 2], path_name[p],
                    mode ? "acc" : "one", eo, el, eq, ek, ev, xo, xq, xk, bad ? "  <-- FAIL" : "");
             *failures += bad;

@@ -11,7 +11,9 @@
 //    in shared memory;
 //  - cublas (attn_blas.cu): GEMM + softmax + GEMM over chunks of query rows,
 //    bounded memory; the fallback, and an independent reference for tests.
-// INFINICP_CUDA_ATTN=mma|simt|cublas forces a path where it applies.
+// INFINICP_CUDA_ATTN=mma|simt|cublas forces a path where it applies;
+// INFINICP_CUDA_FWD_MT=1 makes the mma forward use one row tile per warp
+// (tuning; both variants are measured by tests/bench-gpu.c).
 //
 // Workspace: forward on the fused paths needs none; backward needs one float
 // per query row (rowsum(dO * O)); the cuBLAS path adds its chunk buffers.

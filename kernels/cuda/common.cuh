@@ -43,6 +43,7 @@ struct state {
     cudaStream_t aux[MAX_STREAMS];    // [1..] created on first use
     void *blas;                       // cublasHandle_t, created on first use
     attn_path path;                   // forced path, PATH_AUTO by default
+    int fwd_mt;                       // forward row tiles per warp (tuning; 0 = default)
     int sm_count;
     int smem_optin;                   // bytes of shared memory a block may opt into
     int cc;                           // compute capability, major * 10 + minor

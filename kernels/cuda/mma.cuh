@@ -183,8 +183,11 @@ inline int padded_dim(int D, int Dv)
     return m <= 64 ? 64 : m <= 128 ? 128 : m <= 256 ? 256 : 0;
 }
 
-// Tile shapes. Forward: 64 query rows (4 warps x 16) against BK keys.
-constexpr int FWD_BQ = 64;
+// Tile shapes. Forward: 4 warps of 16 * MT query rows against BK keys; two
+// row tiles per warp share every K / V fragment loaded from shared memory,
+// which halves that traffic per product (the limit of one tile per warp).
+// (MT = 2 for head dims up to 128 unless INFINICP_CUDA_FWD_MT=1 asks for one.)
+__host__ __device__ constexpr int fwd_mt(int DP) { return DP == 256 ? 1 : 2; }
 __host__ __device__ constexpr int fwd_bk(int DP) { return DP == 256 ? 32 : 64; }
 // dK/dV: 64 key rows against BQ query rows; for DP = 256 the accumulators
 // are split into column chunks of 128 (one block per chunk).
@@ -199,9 +202,9 @@ inline int tile_bytes(int rows, int DP)
 {
     return rows * (DP + 8) * 2;
 }
-inline int fwd_smem(int DP)
+inline int fwd_smem(int DP, int MT)
 {
-    return tile_bytes(FWD_BQ + 2 * fwd_bk(DP), DP);
+    return tile_bytes(64 * MT + 2 * fwd_bk(DP), DP);
 }
 inline int dkdv_smem(int DP)
 {

@@ -94,6 +94,8 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->device = device_index;
     s->user = s->stream = static_cast<cudaStream_t>(stream);
     s->path = path_from_env();
+    const char *mt = getenv("INFINICP_CUDA_FWD_MT"); // tuning knob, see attn_mma_fwd.cu
+    s->fwd_mt = mt && !strcmp(mt, "1") ? 1 : 0;
     int major = 0, minor = 0;
     if ((e = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device_index)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index)) !=
