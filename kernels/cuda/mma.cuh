@@ -183,11 +183,13 @@ inline int padded_dim(int D, int Dv)
     return m <= 64 ? 64 : m <= 128 ? 128 : m <= 256 ? 256 : 0;
 }
 
-// Tile shapes. Forward: 4 warps of 16 * MT query rows against BK keys; two
-// row tiles per warp share every K / V fragment loaded from shared memory,
-// which halves that traffic per product (the limit of one tile per warp).
-// (MT = 2 for head dims up to 128 unless INFINICP_CUDA_FWD_MT=1 asks for one.)
-__host__ __device__ constexpr int fwd_mt(int DP) { return DP == 256 ? 1 : 2; }
+// Tile shapes. Forward: 4 warps of 16 * MT query rows against BK keys. For
+// head dim 128 two row tiles per warp share every K / V fragment loaded from
+// shared memory, halving that traffic per product: +20-25% on an H200
+// (docs/GPU-TESTING.md). For 64 the doubled registers cost more than that
+// saves (-10%), and 256 has no registers to spare. INFINICP_CUDA_FWD_MT=1
+// selects one tile for 128 too (tuning).
+__host__ __device__ constexpr int fwd_mt(int DP) { return DP == 128 ? 2 : 1; }
 __host__ __device__ constexpr int fwd_bk(int DP) { return DP == 256 ? 32 : 64; }
 // dK/dV: 64 key rows against BQ query rows; for DP = 256 the accumulators
 // are split into column chunks of 128 (one block per chunk).
