@@ -418,6 +418,25 @@ cp_status cp_comm_size(const cp_comm *c, int *size);
  */
 void cp_comm_destroy(cp_comm *c);
 
+/**
+ * @brief Wrap an NCCL communicator.
+ *
+ * Loads the CUDA backend module (which carries the NCCL transport) on first
+ * use. The communicator is not owned: it must outlive the result, and the
+ * library never destroys it (communicators that cp_comm_split() makes from
+ * the result are the library's own and are destroyed with them). Buffers
+ * passed to collectives on the result must live on a CUDA context; the
+ * collectives are queued on that context's stream. See <infinicp/cuda.h>
+ * for the typed wrapper cp_comm_create_nccl_comm().
+ * @param nccl_comm an initialised ncclComm_t, cast to `void *`.
+ * @param out receives the communicator.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL arguments;
+ *         #CP_ERROR_NOT_FOUND if the CUDA module or the driver is missing;
+ *         #CP_ERROR_UNSUPPORTED if the module was built without NCCL;
+ *         #CP_ERROR_COMM if NCCL fails; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_comm_create_nccl(void *nccl_comm, cp_comm **out);
+
 /* ------------------------------------------------------------------------ */
 /* CP groups                                                                */
 /* ------------------------------------------------------------------------ */
