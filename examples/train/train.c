@@ -28,6 +28,9 @@
  *
  * Usage: train-example [--steps N] [--dtype f32|bf16|all] [--tiny]
  *                      [--device cpu|cuda] [--bf16-bound X] [--verbose]
+ * Build against an installed library:
+ *   cc -O2 train.c model.c devmem.c $(pkg-config --cflags --libs infinicp) \
+ *      -lpthread -lm -ldl -o train-example
  */
 #include <inttypes.h>
 #include <math.h>
