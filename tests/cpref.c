@@ -291,3 +291,39 @@ double cpref_rel_rms(const double *x, const double *ref, size_t n)
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+static size_t count(const cpref_shape *sh, int heads, int dim)
+{
+    return (size_t)sh->B * (size_t)sh->S * (size_t)heads * (size_t)dim;
+}
+
+void cpref_result_alloc(cpref_result *r, const cpref_shape *sh)
+{
+    r->out = calloc(count(sh, sh->H, sh->Dv), sizeof(double));
+    r->lse = calloc(count(sh, sh->H, 1), sizeof(double));
+    r->dq = calloc(count(sh, sh->H, sh->D), sizeof(double));
+    r->dk = calloc(count(sh, sh->Hkv, sh->D), sizeof(double));
+    r->dv = calloc(count(sh, sh->Hkv, sh->Dv), sizeof(double));
+}
+
+void cpref_result_free(cpref_result *r)
+{
+    free(r->out);
+    free(r->lse);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+    memset(r, 0, sizeof *r);
+}
+
+const char *const cpref_error_names[5] = { "out", "lse", "dq", "dk", "dv" };
+
+void cpref_errors(const cpref_data *d, const cpref_result *r, double e[5])
+{
+    const cpref_shape *sh = &d->sh;
+    e[0] = cpref_rel_rms(r->out, d->out, count(sh, sh->H, sh->Dv));
+    e[1] = cpref_rel_rms(r->lse, d->lse, count(sh, sh->H, 1));
+    e[2] = cpref_rel_rms(r->dq, d->dq, count(sh, sh->H, sh->D));
+    e[3] = cpref_rel_rms(r->dk, d->dk, count(sh, sh->Hkv, sh->D));
+    e[4] = cpref_rel_rms(r->dv, d->dv, count(sh, sh->Hkv, sh->Dv));
+}

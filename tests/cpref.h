@@ -63,4 +63,14 @@ void cpref_unshard_lse(const cpref_shape *sh, cp_layout l, int P, int r, const f
 /* sqrt(sum (x - ref)^2 / sum ref^2) over n values. */
 double cpref_rel_rms(const double *x, const double *ref, size_t n);
 
+/* Global results of a CP run, [B, S, heads, dim] (lse [B, H, S]) in double. */
+typedef struct cpref_result {
+    double *out, *lse, *dq, *dk, *dv;
+} cpref_result;
+void cpref_result_alloc(cpref_result *r, const cpref_shape *sh);
+void cpref_result_free(cpref_result *r);
+/* Relative RMS error of out, lse, dq, dk, dv against the reference. */
+void cpref_errors(const cpref_data *d, const cpref_result *r, double e[5]);
+extern const char *const cpref_error_names[5];
+
 #endif

@@ -10,10 +10,14 @@
  *
  *  - every page's EXAMPLE is a whole program: it compiles under
  *    -std=c99 -pedantic -Werror against the public headers, links against the
- *    built library, and runs to exit status 0.
+ *    built library, and runs to exit status 0 (within 120 s) in a fresh
+ *    working directory that it leaves empty. An example that includes
+ *    <mpi.h> is built with MPICC and run on 2 processes by MPIRUN with the
+ *    NAME=VALUE environment; without --mpi such examples are skipped, and
+ *    the test says so.
  *
  * argv: <libinfinicp.so> <version script> <include dir> <man dir> <symbols file>
- *       <C compiler> <scratch dir>
+ *       <C compiler> <scratch dir> [--mpi <MPI C compiler> <mpirun> [NAME=VALUE]...]
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -25,10 +29,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 static const char *lib_path, *map_path, *include_dir, *man_dir, *symbols_path, *cc_cmd, *scratch_dir;
+/* How MPI examples are built and started; NULL / 0 in a build without MPI. */
+static const char *mpicc_cmd, *mpirun_path;
+static char **mpi_env;
+static int n_mpi_env;
 
 typedef struct {
     char **v;
@@ -446,13 +455,71 @@ static char *example_of(const char *page)
     return out;
 }
 
+/* Examples that include <mpi.h> (or <infinicp/mpi.h>) are MPI programs. */
+static int needs_mpi(const char *code)
+{
+    return strstr(code, "#include <mpi.h>") || strstr(code, "#include <infinicp/mpi.h>");
+}
+
+/* What starts an MPI example: "env 'NAME=VALUE'... 'mpirun' <options> ". */
+static void mpi_launcher(char *buf, size_t cap)
+{
+    size_t w = (size_t)snprintf(buf, cap, "env");
+    for (int i = 0; i < n_mpi_env && w < cap; i++)
+        w += (size_t)snprintf(buf + w, cap - w, " '%s'", mpi_env[i]);
+    if (w < cap)
+        w += (size_t)snprintf(buf + w, cap - w, " '%s' --allow-run-as-root --oversubscribe -np 2 ",
+                              mpirun_path);
+    assert_true(w < cap);
+}
+
+/* Build and run one example in a fresh, empty working directory, which it
+ * must leave empty. Returns 0 if it passed; otherwise prints why and what
+ * the compiler and the program said. */
+static int run_example(const char *name, const char *code, const char *libdir)
+{
+    char src[4200], exe[4200], log[4200], dir[4200], launch[8192] = "", cmd[32768];
+    int mpi = needs_mpi(code);
+    snprintf(src, sizeof src, "%s/example-%s.c", scratch_dir, name);
+    snprintf(exe, sizeof exe, "%s/example-%s", scratch_dir, name);
+    snprintf(log, sizeof log, "%s/example-%s.log", scratch_dir, name);
+    snprintf(dir, sizeof dir, "%s/example-%s.d", scratch_dir, name);
+    FILE *f = fopen(src, "w");
+    assert_non_null(f);
+    fputs(code, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir); /* left over by an earlier failure */
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    if (mpi)
+        mpi_launcher(launch, sizeof launch);
+    int n = snprintf(cmd, sizeof cmd,
+                     "%s -std=c99 -pedantic -Wall -Wextra -Werror -D_POSIX_C_SOURCE=200809L -I'%s/..' '%s' -o '%s' "
+                     "-L'%s' -Wl,-rpath,'%s' -linfinicp -lpthread >'%s' 2>&1 && cd '%s' && timeout 120 %s'%s' >>'%s' 2>&1",
+                     mpi ? mpicc_cmd : cc_cmd, include_dir, src, exe, libdir, libdir, log, dir, launch, exe, log);
+    assert_true(n > 0 && (size_t)n < sizeof cmd);
+    int rc = system(cmd);
+    if (rc != 0) {
+        char *out = read_file(log);
+        print_error("%s.3: the EXAMPLE does not build or does not exit 0 (%d): %s\n%s\n", name, rc, cmd,
+                    out ? out : "");
+        free(out);
+        return 1;
+    }
+    if (rmdir(dir) != 0) {
+        print_error("%s.3: the EXAMPLE left files in its working directory %s\n", name, dir);
+        return 1;
+    }
+    return 0;
+}
+
 static void test_man_examples_build_and_run(void **state)
 {
     (void)state;
     DIR *d = opendir(man_dir);
     assert_non_null(d);
     struct dirent *e;
-    int examples = 0, bad = 0;
+    int examples = 0, skipped = 0, bad = 0;
     char libdir[4096];
     snprintf(libdir, sizeof libdir, "%s", lib_path);
     char *slash = strrchr(libdir, '/');
@@ -462,8 +529,9 @@ static void test_man_examples_build_and_run(void **state)
         size_t len = strlen(e->d_name);
         if (len < 3 || strcmp(e->d_name + len - 2, ".3"))
             continue;
-        char path[4096];
+        char path[4096], name[256];
         snprintf(path, sizeof path, "%s/%s", man_dir, e->d_name);
+        snprintf(name, sizeof name, "%.*s", (int)(len - 2), e->d_name);
         char *text = read_file(path);
         assert_non_null(text);
         int is_alias = !strncmp(text, ".so ", 4);
@@ -474,37 +542,45 @@ static void test_man_examples_build_and_run(void **state)
         if (!code) {
             print_error("%s has no EXAMPLE program (.SH EXAMPLE with .EX/.EE)\n", e->d_name);
             bad++;
-            continue;
+        } else if (needs_mpi(code) && !mpicc_cmd) {
+            /* said out loud, so a build without MPI never passes it silently */
+            print_message("%s: SKIPPED the EXAMPLE: an MPI program, and no MPI compiler and launcher "
+                          "were given (no MPI in this build, or no mpicc/mpirun)\n",
+                          e->d_name);
+            skipped++;
+        } else {
+            bad += run_example(name, code, libdir);
+            examples++;
         }
-        char src[4200], exe[4200], cmd[32768];
-        snprintf(src, sizeof src, "%s/example-%.*s.c", scratch_dir, (int)(len - 2), e->d_name);
-        snprintf(exe, sizeof exe, "%s/example-%.*s", scratch_dir, (int)(len - 2), e->d_name);
-        FILE *f = fopen(src, "w");
-        assert_non_null(f);
-        fputs(code, f);
-        fclose(f);
         free(code);
-        snprintf(cmd, sizeof cmd,
-                 "%s -std=c99 -pedantic -Wall -Wextra -Werror -D_POSIX_C_SOURCE=200809L -I'%s/..' '%s' -o '%s' "
-                 "-L'%s' -Wl,-rpath,'%s' -linfinicp -lpthread 2>&1 && timeout 120 '%s' >/dev/null 2>&1",
-                 cc_cmd, include_dir, src, exe, libdir, libdir, exe);
-        int rc = system(cmd);
-        if (rc != 0) {
-            print_error("%s: the EXAMPLE does not build or does not exit 0 (%d): %s\n", e->d_name, rc, cmd);
-            bad++;
-        }
-        examples++;
     }
     closedir(d);
+    if (skipped)
+        print_message("%d MPI example(s) SKIPPED: build with MPI (-Dmpi=enabled) to run them\n", skipped);
     assert_true(examples > 0);
     assert_int_equal(bad, 0);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 8) {
-        fprintf(stderr, "usage: %s LIB MAPFILE INCLUDEDIR MANDIR SYMBOLSFILE CC SCRATCHDIR\n", argv[0]);
+    if (argc < 8 || (argc > 8 && (argc < 11 || strcmp(argv[8], "--mpi")))) {
+        fprintf(stderr,
+                "usage: %s LIB MAPFILE INCLUDEDIR MANDIR SYMBOLSFILE CC SCRATCHDIR\n"
+                "          [--mpi MPICC MPIRUN [NAME=VALUE]...]\n",
+                argv[0]);
         return 2;
+    }
+    if (argc > 8) {
+        mpicc_cmd = argv[9];
+        mpirun_path = argv[10];
+        mpi_env = argv + 11;
+        n_mpi_env = argc - 11;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (strchr(argv[i], '\'')) { /* they are quoted with ' in shell commands */
+            fprintf(stderr, "%s: argument %s contains a quote\n", argv[0], argv[i]);
+            return 2;
+        }
     }
     cc_cmd = argv[6];
     scratch_dir = argv[7];

@@ -21,6 +21,7 @@
 #include <infinicp/infinicp.h>
 
 #include "cpref.h"
+#include "cprun.h"
 #include "testutil.h"
 
 typedef struct run_cfg {
@@ -34,8 +35,8 @@ typedef struct run_cfg {
 } run_cfg;
 
 typedef struct run_out {
-    double *out, *lse, *dq, *dk, *dv; /* global, FP64 */
-    size_t ws_fwd, ws_bwd;            /* of CP rank 0 */
+    cpref_result g;        /* global results, FP64 */
+    size_t ws_fwd, ws_bwd; /* of CP rank 0 */
     cp_status status;
     char error[512];
 } run_out;
@@ -59,11 +60,6 @@ static void record(rank_job *j, cp_status s, const char *what)
     pthread_mutex_unlock(j->lock);
 }
 
-static size_t nelem(const cpref_shape *sh, int64_t tokens, int heads, int dim)
-{
-    return (size_t)sh->B * (size_t)tokens * (size_t)heads * (size_t)dim;
-}
-
 static void *rank_main(void *arg)
 {
     rank_job *j = arg;
@@ -74,8 +70,6 @@ static void *rank_main(void *arg)
     cp_comm *cpc = NULL, *split = NULL;
     cp_group *g = NULL;
     cp_attn_plan *plan = NULL;
-    void *buf[10] = { 0 };
-    float *lse = NULL;
 
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 1;
@@ -108,69 +102,20 @@ static void *rank_main(void *arg)
     cp_group_rank(g, &r);
     cp_group_size(g, &P);
 
-    cp_attn_desc desc = CP_ATTN_DESC_INIT;
-    desc.dtype = c->dtype;
-    desc.format = c->format;
-    desc.batch = sh->B;
-    desc.seq_len = sh->S;
-    desc.num_heads = sh->H;
-    desc.num_kv_heads = sh->Hkv;
-    desc.head_dim = sh->D;
-    desc.head_dim_v = sh->Dv;
-    desc.mask = sh->causal ? CP_MASK_CAUSAL : CP_MASK_NONE;
-    desc.softmax_scale = sh->scale;
-    desc.layout = c->layout;
-    desc.mode = c->mode;
+    cp_attn_desc desc = cprun_desc(sh, c->dtype, c->format, c->layout, c->mode);
     s = cp_attn_plan_create(g, &desc, &plan);
     if (s != CP_SUCCESS) {
         record(j, s, "cp_attn_plan_create");
         goto out;
     }
-    size_t wf = 0, wb = 0;
-    cp_attn_workspace_size(plan, &wf, &wb);
-    if (r == 0 && color == 0) {
-        j->o->ws_fwd = wf;
-        j->o->ws_bwd = wb;
-    }
-
-    const int64_t n = sh->S / P;
-    const size_t es = cpref_dtype_size(c->dtype);
-    const size_t nq = nelem(sh, n, sh->H, sh->D), nk = nelem(sh, n, sh->Hkv, sh->D),
-                 nv = nelem(sh, n, sh->Hkv, sh->Dv), no = nelem(sh, n, sh->H, sh->Dv);
-    const size_t sizes[9] = { nq, nk, nv, no, no, nq, nk, nv, wf > wb ? wf : wb };
-    for (int i = 0; i < 9; i++)
-        buf[i] = malloc(i == 8 ? sizes[i] + 1 : sizes[i] * es);
-    lse = malloc((size_t)sh->B * (size_t)sh->H * (size_t)n * sizeof *lse);
-    void *q = buf[0], *k = buf[1], *v = buf[2], *o = buf[3], *dout = buf[4], *dq = buf[5], *dk = buf[6],
-         *dv = buf[7], *ws = buf[8];
-    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->q, sh->H, sh->D, q);
-    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->k, sh->Hkv, sh->D, k);
-    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->v, sh->Hkv, sh->Dv, v);
-    cpref_shard(sh, c->layout, P, r, c->format, c->dtype, d->dout, sh->H, sh->Dv, dout);
-
-    /* The caller's workspace on odd runs, the library's own on even ones. */
-    int own = (r + (int)c->mode) % 2;
-    s = cp_attn_forward(plan, q, k, v, o, lse, own ? NULL : ws, own ? 0 : wf);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_attn_forward");
-        goto out;
-    }
-    s = cp_attn_backward(plan, q, k, v, o, lse, dout, dq, dk, dv, own ? NULL : ws, own ? 0 : wb);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_attn_backward");
-        goto out;
-    }
-    if (color == 0) {
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, o, sh->H, sh->Dv, j->o->out);
-        cpref_unshard_lse(sh, c->layout, P, r, lse, j->o->lse);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dq, sh->H, sh->D, j->o->dq);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dk, sh->Hkv, sh->D, j->o->dk);
-        cpref_unshard(sh, c->layout, P, r, c->format, c->dtype, dv, sh->Hkv, sh->Dv, j->o->dv);
-    }
+    if (r == 0 && color == 0)
+        cp_attn_workspace_size(plan, &j->o->ws_fwd, &j->o->ws_bwd);
+    /* The library's own workspace on some ranks, the caller's on others. */
+    const char *what = "";
+    s = cprun_rank(plan, d, &desc, P, r, (r + (int)c->mode) % 2, color == 0 ? &j->o->g : NULL, &what);
+    if (s != CP_SUCCESS)
+        record(j, s, what);
 out:
-    for (int i = 0; i < 9; i++)
-        free(buf[i]);
-    free(lse);
     cp_attn_plan_destroy(plan);
     cp_group_destroy(g);
     cp_comm_destroy(split);
@@ -182,20 +127,12 @@ out:
 static void out_alloc(run_out *o, const cpref_shape *sh)
 {
     memset(o, 0, sizeof *o);
-    o->out = calloc(nelem(sh, sh->S, sh->H, sh->Dv), sizeof(double));
-    o->lse = calloc((size_t)sh->B * (size_t)sh->H * (size_t)sh->S, sizeof(double));
-    o->dq = calloc(nelem(sh, sh->S, sh->H, sh->D), sizeof(double));
-    o->dk = calloc(nelem(sh, sh->S, sh->Hkv, sh->D), sizeof(double));
-    o->dv = calloc(nelem(sh, sh->S, sh->Hkv, sh->Dv), sizeof(double));
+    cpref_result_alloc(&o->g, sh);
 }
 
 static void out_free(run_out *o)
 {
-    free(o->out);
-    free(o->lse);
-    free(o->dq);
-    free(o->dk);
-    free(o->dv);
+    cpref_result_free(&o->g);
 }
 
 /* Run CP attention with c->P ranks (2 * c->P world ranks when strided). */
@@ -226,17 +163,12 @@ static cp_status run_cp(const cpref_data *d, const run_cfg *c, run_out *o)
 typedef struct errs {
     double e[5];
 } errs;
-static const char *err_names[5] = { "out", "lse", "dq", "dk", "dv" };
+#define err_names cpref_error_names
 
 static errs errors(const cpref_data *d, const run_out *o)
 {
-    const cpref_shape *sh = &d->sh;
     errs r;
-    r.e[0] = cpref_rel_rms(o->out, d->out, nelem(sh, sh->S, sh->H, sh->Dv));
-    r.e[1] = cpref_rel_rms(o->lse, d->lse, (size_t)sh->B * (size_t)sh->H * (size_t)sh->S);
-    r.e[2] = cpref_rel_rms(o->dq, d->dq, nelem(sh, sh->S, sh->H, sh->D));
-    r.e[3] = cpref_rel_rms(o->dk, d->dk, nelem(sh, sh->S, sh->Hkv, sh->D));
-    r.e[4] = cpref_rel_rms(o->dv, d->dv, nelem(sh, sh->S, sh->Hkv, sh->Dv));
+    cpref_errors(d, &o->g, r.e);
     return r;
 }
 
@@ -261,6 +193,9 @@ static double ratio_floor(cp_dtype t)
 }
 
 static const char *mode_names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
+
+/* Largest CP=P / CP=1 error ratio seen, per dtype and tensor (reported). */
+static double worst_ratio[3][5];
 static const char *dtype_names[] = { "F32", "F16", "BF16", "F64" };
 
 /* One shape, one dtype, one layout: CP=1 then every P in `sizes`. */
@@ -311,6 +246,8 @@ static void check_cp(const cpref_data *d, run_cfg base, const int *sizes, int ns
                 fail_msg("%s P=%d A=%d %s: %s", mode_names[c.mode], P, c.A, dtype_names[c.dtype], o.error);
             errs eP = errors(d, &o);
             for (int i = 0; i < 5; i++) {
+                if (e1.e[i] > 0 && eP.e[i] / e1.e[i] > worst_ratio[c.dtype][i])
+                    worst_ratio[c.dtype][i] = eP.e[i] / e1.e[i];
                 double limit = 1.25 * e1.e[i] + ratio_floor(c.dtype) * 0.01;
                 if (!(eP.e[i] <= limit))
                     fail_msg("%s P=%d A=%d %s %s %s %s Hkv=%d%s%s: %s error %.4g at CP=P vs %.4g at CP=1 "
@@ -344,6 +281,12 @@ static void matrix(cp_mode mode, int hybrid_all)
                     check_cp(&d, base, sizes, 4, hybrid_all);
                     cpref_free(&d);
                 }
+    for (int t = 0; t < 3; t++)
+        print_message("%s %s: worst error ratio CP=P / CP=1: out %.3f lse %.3f dq %.3f dk %.3f dv %.3f\n",
+                      mode_names[mode], dtype_names[dtypes[t]], worst_ratio[dtypes[t]][0],
+                      worst_ratio[dtypes[t]][1], worst_ratio[dtypes[t]][2], worst_ratio[dtypes[t]][3],
+                      worst_ratio[dtypes[t]][4]);
+    memset(worst_ratio, 0, sizeof worst_ratio);
 }
 
 static void test_all_gather(void **state)
@@ -423,37 +366,94 @@ static void test_strided_and_permuted_groups(void **state)
 }
 
 /* Workspace per rank scales as tokens per rank: at a fixed global length,
- * doubling the CP size halves it (within 10%) for p2p and a2a. */
+ * doubling the CP size halves it (within 10%) for p2p and a2a. Plans only:
+ * the workspace is reported at creation. */
+typedef struct ws_job {
+    cp_comm *comm;
+    cp_attn_desc d;
+    size_t fwd, bwd;
+    cp_status status;
+} ws_job;
+
+static void *ws_rank(void *arg)
+{
+    ws_job *j = arg;
+    cp_context *ctx = NULL;
+    cp_group *g = NULL;
+    cp_attn_plan *p = NULL;
+    cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+    cc.num_threads = 2;
+    j->status = cp_context_create(&cc, &ctx);
+    if (j->status == CP_SUCCESS)
+        j->status = cp_group_create(ctx, j->comm, NULL, &g);
+    if (j->status == CP_SUCCESS)
+        j->status = cp_attn_plan_create(g, &j->d, &p);
+    if (j->status == CP_SUCCESS)
+        j->status = cp_attn_workspace_size(p, &j->fwd, &j->bwd);
+    cp_attn_plan_destroy(p);
+    cp_group_destroy(g);
+    cp_comm_destroy(j->comm);
+    cp_context_destroy(ctx);
+    return NULL;
+}
+
+static void plan_workspace(const cp_attn_desc *d, int P, size_t *fwd, size_t *bwd)
+{
+    cp_comm *comms[8];
+    ws_job jobs[8];
+    pthread_t th[8];
+    assert_int_equal(cp_comm_create_local(P, comms), CP_SUCCESS);
+    for (int r = 0; r < P; r++) {
+        jobs[r] = (ws_job){ comms[r], *d, 0, 0, CP_SUCCESS };
+        pthread_create(&th[r], NULL, ws_rank, &jobs[r]);
+    }
+    for (int r = 0; r < P; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < P; r++) {
+        assert_int_equal(jobs[r].status, CP_SUCCESS);
+        /* every rank of a balanced layout needs the same */
+        assert_int_equal(jobs[r].fwd, jobs[0].fwd);
+    }
+    *fwd = jobs[0].fwd;
+    *bwd = jobs[0].bwd;
+}
+
 static void test_workspace_scales_with_tokens_per_rank(void **state)
 {
     (void)state;
-    cpref_shape sh = { .B = 1, .S = 1024, .H = 8, .Hkv = 8, .D = 32, .Dv = 32, .causal = 1 };
-    sh.scale = 0.1;
-    cpref_data d;
-    cpref_make(&d, &sh, CP_DTYPE_BF16, 9, 1.0);
     static const cp_mode modes[] = { CP_MODE_P2P, CP_MODE_A2A };
     for (int mi = 0; mi < 2; mi++)
-        for (int layout = 0; layout < 2; layout++) {
-            size_t prev_f = 0, prev_b = 0;
-            for (int P = 2; P <= 8; P *= 2) {
-                run_cfg c = { modes[mi], (cp_layout)layout, CP_DTYPE_BF16, CP_FORMAT_BSHD, P, 1, 0, 0 };
-                run_out o;
-                if (run_cp(&d, &c, &o) != CP_SUCCESS)
-                    fail_msg("P=%d: %s", P, o.error);
-                if (prev_f) {
-                    double rf = (double)o.ws_fwd / (double)prev_f, rb = (double)o.ws_bwd / (double)prev_b;
-                    if (fabs(rf - 0.5) > 0.05 || fabs(rb - 0.5) > 0.05)
-                        fail_msg("%s %s: workspace P=%d -> %d: forward %zu -> %zu (x%.3f), backward %zu -> %zu "
-                                 "(x%.3f); expected x0.5 +- 10%%",
-                                 mode_names[modes[mi]], layout ? "zigzag" : "contiguous", P / 2, P, prev_f,
-                                 o.ws_fwd, rf, prev_b, o.ws_bwd, rb);
+        for (int layout = 0; layout < 2; layout++)
+            for (int causal = 0; causal < 2; causal++) {
+                cp_attn_desc d = CP_ATTN_DESC_INIT;
+                d.dtype = CP_DTYPE_BF16;
+                d.batch = 1;
+                d.seq_len = 16384;
+                d.num_heads = 8;
+                d.num_kv_heads = 8;
+                d.head_dim = 64;
+                d.mask = causal ? CP_MASK_CAUSAL : CP_MASK_NONE;
+                d.layout = (cp_layout)layout;
+                d.mode = modes[mi];
+                size_t prev_f = 0, prev_b = 0;
+                for (int P = 2; P <= 8; P *= 2) {
+                    size_t f, b;
+                    plan_workspace(&d, P, &f, &b);
+                    if (prev_f) {
+                        double rf = (double)f / (double)prev_f, rb = (double)b / (double)prev_b;
+                        if (fabs(rf - 0.5) > 0.05 || fabs(rb - 0.5) > 0.05)
+                            fail_msg("%s %s: workspace P=%d -> %d: forward %zu -> %zu (x%.3f), backward %zu -> "
+                                     "%zu (x%.3f); expected x0.5 +- 10%%",
+                                     mode_names[modes[mi]], layout ? "zigzag" : "contiguous", P / 2, P, prev_f, f,
+                                     rf, prev_b, b, rb);
+                        print_message("%s %s %s P=%d: workspace forward %zu B (x%.3f), backward %zu B (x%.3f)\n",
+                                      mode_names[modes[mi]], layout ? "zigzag" : "contiguous",
+                                      causal ? "causal" : "nomask", P, f, rf, b, rb);
+                    }
+                    prev_f = f;
+                    prev_b = b;
                 }
-                prev_f = o.ws_fwd;
-                prev_b = o.ws_bwd;
-                out_free(&o);
             }
-        }
-    cpref_free(&d);
 }
 
 /* Ranks that pass different descriptors all get CP_ERROR_MISMATCH; a rank

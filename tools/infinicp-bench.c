@@ -7,6 +7,7 @@
 #include <infinicp/infinicp.h>
 
 #include "bench.h"
+#include "kernel_bench.h"
 
 static void usage(FILE *f)
 {
@@ -19,6 +20,8 @@ static void usage(FILE *f)
             "modes:\n"
             "  --backends        print the library version and the backends that can be opened\n"
             "  --version         print the library version\n"
+            "  --kernel ...      time the single-device CPU kernels against OpenBLAS sgemm\n"
+            "                    (--kernel --help lists its options)\n"
             "options:\n"
             "  --cp N            CP group size (default 4)\n"
             "  --seq N           global sequence length (default 2048)\n"
@@ -75,6 +78,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         long long v;
+        if (!strcmp(a, "--kernel"))
+            return kernel_bench_main(argc - i - 1, argv + i + 1, usage);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;

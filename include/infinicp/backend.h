@@ -78,6 +78,13 @@ typedef struct cp_backend_ops {
     cp_status (*reduce)(void *state, void *acc, const void *x, cp_dtype dtype, size_t count,
                         cp_reduce_op op);
 
+    /*
+     * The attention kernels get arguments the core has validated and
+     * normalised: struct_size = sizeof(cp_kernel_attn_args), head_dim_v and
+     * softmax_scale filled in, every all-zero stride set replaced by the
+     * dense strides of the format (likewise for merge). In
+     * attn_workspace_size the data pointers may be NULL.
+     */
     /** Scratch bytes attn_forward (backward = 0) or attn_backward (1) needs for @p a. */
     cp_status (*attn_workspace_size)(void *state, const cp_kernel_attn_args *a, int backward,
                                      size_t *bytes);
@@ -87,7 +94,48 @@ typedef struct cp_backend_ops {
     cp_status (*attn_backward)(void *state, const cp_kernel_attn_args *a);
     /** The kernel behind cp_kernel_merge(). */
     cp_status (*merge)(void *state, const cp_kernel_merge_args *a);
+
+    /*
+     * Optional slots, added after the first ABI 1 table. A caller uses one
+     * only if struct_size covers it (see #CP_BACKEND_HAS) and it is not NULL;
+     * a backend without them runs everything in order on one stream.
+     *
+     * Overlap: besides the context's stream (index 0) a state offers
+     * auxiliary streams 1 .. #CP_BACKEND_MAX_STREAMS - 1, created on first
+     * use. Every function of the table, and every transport handed this state
+     * in a ::cp_xfer, queues its work on the state's current stream; events
+     * order work between streams on the device, without blocking the host.
+     * A caller that spreads work over streams first makes them wait for an
+     * event recorded on stream 0, and at the end makes stream 0 wait for an
+     * event recorded on each stream it used, then selects stream 0 again, so
+     * that to the context's user everything happened on its stream.
+     * synchronize waits for the current stream only.
+     */
+    /** Make later work of this state go to stream @p index (0 = the context's). */
+    cp_status (*stream_select)(void *state, int index);
+    /** Create an event; *event = NULL on failure. */
+    cp_status (*event_create)(void *state, void **event);
+    /** Destroy an event (NULL is a no-op); work it marks may still be pending. */
+    void (*event_destroy)(void *state, void *event);
+    /** Mark the current end of the current stream's work with @p event. */
+    cp_status (*event_record)(void *state, void *event);
+    /** Make later work of the current stream wait for @p event's work. */
+    cp_status (*event_wait)(void *state, void *event);
+
+    /**
+     * Wrap a foreign communicator of a transport this module carries: kind
+     * "nccl" with an ncclComm_t (not owned). Returns #CP_ERROR_UNSUPPORTED
+     * for a kind it does not know.
+     */
+    cp_status (*comm_create)(const char *kind, void *foreign, cp_comm **out);
 } cp_backend_ops;
+
+/** Streams a device backend offers through cp_backend_ops.stream_select. */
+#define CP_BACKEND_MAX_STREAMS 8
+
+/** Whether backend table @p ops (as the module filled it) has slot @p slot. */
+#define CP_BACKEND_HAS(ops, slot)                                                          \
+    ((ops)->struct_size >= offsetof(cp_backend_ops, slot) + sizeof((ops)->slot) && (ops)->slot)
 
 /** Where the buffers of one transport call live, and how long it may wait. */
 typedef struct cp_xfer {

@@ -418,6 +418,25 @@ cp_status cp_comm_size(const cp_comm *c, int *size);
  */
 void cp_comm_destroy(cp_comm *c);
 
+/**
+ * @brief Wrap an NCCL communicator.
+ *
+ * Loads the CUDA backend module (which carries the NCCL transport) on first
+ * use. The communicator is not owned: it must outlive the result, and the
+ * library never destroys it (communicators that cp_comm_split() makes from
+ * the result are the library's own and are destroyed with them). Buffers
+ * passed to collectives on the result must live on a CUDA context; the
+ * collectives are queued on that context's stream. See <infinicp/cuda.h>
+ * for the typed wrapper cp_comm_create_nccl_comm().
+ * @param nccl_comm an initialised ncclComm_t, cast to `void *`.
+ * @param out receives the communicator.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL arguments;
+ *         #CP_ERROR_NOT_FOUND if the CUDA module or the driver is missing;
+ *         #CP_ERROR_UNSUPPORTED if the module was built without NCCL;
+ *         #CP_ERROR_COMM if NCCL fails; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_comm_create_nccl(void *nccl_comm, cp_comm **out);
+
 /* ------------------------------------------------------------------------ */
 /* CP groups                                                                */
 /* ------------------------------------------------------------------------ */
@@ -643,7 +662,8 @@ typedef struct cp_kernel_attn_args {
     /** @} */
     /**
      * forward only: 0 = overwrite (o, lse); 1 = (o, lse) hold a partial
-     * result over other keys (o in F32) and this block is merged into it.
+     * result over other keys (keep o in F32 for full precision; an empty
+     * one is o = 0, lse = -inf) and this block is merged into it.
      */
     int accumulate;
 
@@ -666,6 +686,15 @@ typedef struct cp_kernel_attn_args {
     /** scratch on the context's device; NULL = the kernel allocates its own */
     void *workspace;
     size_t workspace_bytes; /**< bytes at @c workspace */
+
+    /**
+     * forward with @c accumulate only, optional: the low part of the running
+     * log-sum-exp, laid out like @c lse. With it the running value is the
+     * pair lse + lse_lo (lse stays the correctly rounded float, lse_lo the
+     * rounding residual), so a chain of merges rounds once instead of once
+     * per merge. Start it at 0 next to lse = -inf. NULL: plain float lse.
+     */
+    float *lse_lo;
 } cp_kernel_attn_args;
 
 /** Zero every field but struct_size, without -Wmissing-field-initializers (helper of the *_INIT macros). */
@@ -708,6 +737,67 @@ typedef struct cp_kernel_merge_args {
 
 /** Zero-initialises every field but struct_size. */
 #define CP_KERNEL_MERGE_ARGS_INIT CP_INIT_SIZED_(cp_kernel_merge_args)
+
+/**
+ * @brief Attention of one Q block against one K/V block (forward).
+ *
+ * Writes O = softmax(scale * Q K^T + mask) V and the natural-log LSE of every
+ * query row, or with @c a->accumulate = 1 merges this block into the partial
+ * result already in (o, lse). The causal mask compares global positions
+ * (key k_offset + j is visible to query q_offset + i iff k_offset + j <=
+ * q_offset + i); GQA maps query head h to kv head h / (num_heads /
+ * num_kv_heads). Storage types F32, F16, BF16; all arithmetic in fp32. A row
+ * that sees no key gets O = 0 and LSE = -inf and, when accumulating, leaves
+ * (o, lse) exactly as they were.
+ * @param ctx the context the tensors live on.
+ * @param a the arguments; see ::cp_kernel_attn_args.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL, out-of-range or
+ *         inconsistent argument (including a workspace smaller than
+ *         cp_kernel_attn_workspace_size() reports); #CP_ERROR_UNSUPPORTED for
+ *         F64 storage; #CP_ERROR_OUT_OF_MEMORY; #CP_ERROR_BACKEND.
+ */
+cp_status cp_kernel_attn_forward(cp_context *ctx, const cp_kernel_attn_args *a);
+
+/**
+ * @brief Gradients of one block's attention (backward).
+ *
+ * From q, k, v, the final forward output o and LSE, and dout, recomputes the
+ * probabilities and writes (or with @c a->grad_accumulate = 1 adds) dq, dk,
+ * dv, in @c a->grad_dtype. D = rowsum(dout * o) is computed by the call.
+ * @param ctx the context the tensors live on.
+ * @param a the arguments; see ::cp_kernel_attn_args.
+ * @return as cp_kernel_attn_forward().
+ */
+cp_status cp_kernel_attn_backward(cp_context *ctx, const cp_kernel_attn_args *a);
+
+/**
+ * @brief Exact scratch size of cp_kernel_attn_forward() or
+ *        cp_kernel_attn_backward() for these arguments on this context.
+ *
+ * Only shapes, types and strides are read; data pointers may be NULL. The size
+ * never grows with seq_q * seq_k.
+ * @param ctx the context (the CPU backend's size depends on its threads).
+ * @param a the arguments the kernel will be called with.
+ * @param backward 0 for the forward, 1 for the backward.
+ * @param bytes receives the size; 0 on failure.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_kernel_attn_workspace_size(cp_context *ctx, const cp_kernel_attn_args *a, int backward,
+                                        size_t *bytes);
+
+/**
+ * @brief (o, lse) <- merge((o, lse), (o_part, lse_part)) for partial results
+ *        over disjoint key sets.
+ *
+ * lse = m + log(exp(lse - m) + exp(lse_part - m)) with m the larger of the
+ * two, o = exp(lse_old - lse) o + exp(lse_part - lse) o_part, in fp32. A part
+ * with LSE -inf leaves the row unchanged, bit for bit.
+ * @param ctx the context the tensors live on.
+ * @param a the arguments; see ::cp_kernel_merge_args.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_UNSUPPORTED (F64),
+ *         #CP_ERROR_OUT_OF_MEMORY or #CP_ERROR_BACKEND.
+ */
+cp_status cp_kernel_merge(cp_context *ctx, const cp_kernel_merge_args *a);
 
 /* ------------------------------------------------------------------------ */
 /* Training helpers                                                         */

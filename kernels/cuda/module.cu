@@ -1,128 +1,329 @@
 // SPDX-License-Identifier: MIT
-// The CUDA backend module: entry point and device management. The kernels
-// (attention, merge, conversions) and the NCCL transport are added here as
-// they are written; until then the table answers "unsupported" for them.
+// The CUDA backend module: entry point, device and stream management, memory
+// and copies, and the backend table. The kernels live in the other files of
+// this folder: elementwise.cu (convert, reduce, merge), attn.cu (choice of
+// attention path), attn_mma.cu / attn_simt.cu / attn_blas.cu (the paths) and
+// nccl.cu (the NCCL transport).
+#include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 
-#include <cuda_runtime_api.h>
+#include <cublas_v2.h>
 
-#include <infinicp/backend.h>
+#include "common.cuh"
+
+namespace cu {
+
+const cp_module_host *host;
+
+cp_status fail(cp_status s, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return host ? host->set_error(s, msg) : s;
+}
+
+cp_status cuda_fail(const char *what, cudaError_t e)
+{
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+        return fail(CP_ERROR_NOT_FOUND,
+                    "cuda: %s: %s (install the NVIDIA driver, e.g. Debian's nvidia-driver package, "
+                    "matching CUDA runtime %d.%d, and check that a GPU is visible)",
+                    what, cudaGetErrorString(e), CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    if (e == cudaErrorMemoryAllocation)
+        return fail(CP_ERROR_OUT_OF_MEMORY, "cuda: %s: %s", what, cudaGetErrorString(e));
+    return fail(CP_ERROR_BACKEND, "cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+cp_status check_launch(const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail(what, e);
+}
+
+cp_status use_device(state *s)
+{
+    cudaError_t e = cudaSetDevice(s->device);
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail("cudaSetDevice", e);
+}
+
+cp_status allow_smem(const void *kernel, int bytes, const char *what)
+{
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail(what, e);
+}
 
 namespace {
 
-const cp_module_host *g_host;
-
-cp_status fail(cp_status s, const char *what, cudaError_t e)
+state *st(void *p)
 {
-    char msg[256];
-    snprintf(msg, sizeof msg, "cuda: %s: %s", what, cudaGetErrorString(e));
-    return g_host ? g_host->set_error(s, msg) : s;
+    return static_cast<state *>(p);
 }
 
-cp_status unsupported(const char *what)
+attn_path path_from_env()
 {
-    char msg[128];
-    snprintf(msg, sizeof msg, "cuda: %s is not implemented in this module yet", what);
-    return g_host ? g_host->set_error(CP_ERROR_UNSUPPORTED, msg) : CP_ERROR_UNSUPPORTED;
+    const char *v = getenv("INFINICP_CUDA_ATTN");
+    if (!v)
+        return PATH_AUTO;
+    if (!strcmp(v, "mma"))
+        return PATH_MMA;
+    if (!strcmp(v, "simt"))
+        return PATH_SIMT;
+    if (!strcmp(v, "cublas"))
+        return PATH_BLAS;
+    return PATH_AUTO;
 }
-
-struct state {
-    int device;
-    cudaStream_t stream;
-};
 
 cp_status cu_open(int device_index, void *stream, int, void **out)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess)
-        return fail(CP_ERROR_BACKEND, "cudaGetDeviceCount", e);
-    if (device_index >= n) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "cp_context_create: cfg->device_index = %d (%d CUDA devices)",
-                 device_index, n);
-        return g_host->set_error(CP_ERROR_INVALID_ARGUMENT, msg);
-    }
-    state *s = new (std::nothrow) state{device_index, static_cast<cudaStream_t>(stream)};
+        return cuda_fail("cudaGetDeviceCount", e);
+    if (device_index >= n)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cp_context_create: cfg->device_index = %d (%d CUDA devices)",
+                    device_index, n);
+    state *s = new (std::nothrow) state();
     if (!s)
-        return g_host->set_error(CP_ERROR_OUT_OF_MEMORY, "cuda: out of host memory");
+        return fail(CP_ERROR_OUT_OF_MEMORY, "cuda: out of host memory");
+    s->device = device_index;
+    s->user = s->stream = static_cast<cudaStream_t>(stream);
+    s->path = path_from_env();
+    const char *mt = getenv("INFINICP_CUDA_FWD_MT"); // tuning knob, see attn_mma_fwd.cu
+    s->fwd_mt = mt && !strcmp(mt, "1") ? 1 : 0;
+    int major = 0, minor = 0;
+    if ((e = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device_index)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index)) !=
+            cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index)) != cudaSuccess) {
+        delete s;
+        return cuda_fail("cudaDeviceGetAttribute", e);
+    }
+    s->cc = major * 10 + minor;
+    if (s->cc < 80) {
+        delete s;
+        return fail(CP_ERROR_UNSUPPORTED,
+                    "cuda: device %d has compute capability %d.%d; this module needs 8.0 or newer", device_index,
+                    major, minor);
+    }
     *out = s;
     return CP_SUCCESS;
 }
 
-void cu_close(void *st)
+void cu_close(void *p)
 {
-    delete static_cast<state *>(st);
+    state *s = st(p);
+    cudaSetDevice(s->device);
+    if (s->blas)
+        cublasDestroy(static_cast<cublasHandle_t>(s->blas));
+    for (int i = 1; i < MAX_STREAMS; i++)
+        if (s->aux[i]) {
+            cudaStreamSynchronize(s->aux[i]);
+            cudaStreamDestroy(s->aux[i]);
+        }
+    delete s;
 }
 
-cp_status cu_set_stream(void *st, void *stream)
+cp_status cu_set_stream(void *p, void *stream)
 {
-    static_cast<state *>(st)->stream = static_cast<cudaStream_t>(stream);
+    state *s = st(p);
+    s->user = s->stream = static_cast<cudaStream_t>(stream);
+    s->current = 0;
     return CP_SUCCESS;
 }
 
-cp_status cu_synchronize(void *st)
+cp_status cu_synchronize(void *p)
 {
-    state *s = static_cast<state *>(st);
-    cudaError_t e = cudaSetDevice(s->device);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(s->stream);
-    return e == cudaSuccess ? CP_SUCCESS : fail(CP_ERROR_BACKEND, "cudaStreamSynchronize", e);
+    state *s = st(p);
+    cp_status r = use_device(s);
+    if (r != CP_SUCCESS)
+        return r;
+    cudaError_t e = cudaStreamSynchronize(s->stream);
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail("cudaStreamSynchronize", e);
 }
 
-cp_status cu_alloc(void *st, size_t bytes, void **ptr)
+cp_status cu_alloc(void *p, size_t bytes, void **ptr)
 {
-    state *s = static_cast<state *>(st);
-    cudaError_t e = cudaSetDevice(s->device);
-    if (e == cudaSuccess)
-        e = cudaMalloc(ptr, bytes ? bytes : 1);
-    return e == cudaSuccess ? CP_SUCCESS : fail(CP_ERROR_OUT_OF_MEMORY, "cudaMalloc", e);
+    state *s = st(p);
+    cp_status r = use_device(s);
+    if (r != CP_SUCCESS)
+        return r;
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *ptr = nullptr;
+        cudaGetLastError();
+        return fail(CP_ERROR_OUT_OF_MEMORY, "cuda: cudaMalloc of %zu bytes on device %d: %s", bytes, s->device,
+                    cudaGetErrorString(e));
+    }
+    return CP_SUCCESS;
 }
 
-void cu_free(void *st, void *ptr)
+void cu_free(void *p, void *ptr)
 {
-    cudaSetDevice(static_cast<state *>(st)->device);
+    if (!ptr)
+        return;
+    cudaSetDevice(st(p)->device);
     cudaFree(ptr);
 }
 
-cp_status cu_copy_2d(void *st, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+cp_status cu_copy_2d(void *p, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                      size_t height, cp_copy_kind kind)
 {
     static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToHost, cudaMemcpyHostToDevice,
                                            cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
-    state *s = static_cast<state *>(st);
-    cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kinds[kind], s->stream);
-    return e == cudaSuccess ? CP_SUCCESS : fail(CP_ERROR_BACKEND, "cudaMemcpy2DAsync", e);
+    if ((unsigned)kind > CP_COPY_DEVICE_TO_DEVICE)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cuda copy_2d: kind = %d", (int)kind);
+    if (width == 0 || height == 0)
+        return CP_SUCCESS;
+    state *s = st(p);
+    cp_status r = use_device(s);
+    if (r != CP_SUCCESS)
+        return r;
+    cudaError_t e;
+    if (kind == CP_COPY_HOST_TO_HOST) {
+        // Host memory is touched by the host: first finish the work queued
+        // before, which may produce it.
+        if ((e = cudaStreamSynchronize(s->stream)) != cudaSuccess)
+            return cuda_fail("cudaStreamSynchronize", e);
+        for (size_t row = 0; row < height; row++)
+            memmove(static_cast<char *>(dst) + row * dpitch, static_cast<const char *>(src) + row * spitch, width);
+        return CP_SUCCESS;
+    }
+    if (height == 1 || (dpitch == width && spitch == width))
+        e = cudaMemcpyAsync(dst, src, width * height, kinds[kind], s->stream);
+    else
+        e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kinds[kind], s->stream);
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail("cudaMemcpy2DAsync", e);
 }
 
-cp_status cu_memset(void *st, void *dst, int value, size_t bytes)
+cp_status cu_memset(void *p, void *dst, int value, size_t bytes)
 {
-    state *s = static_cast<state *>(st);
+    if (bytes == 0)
+        return CP_SUCCESS;
+    state *s = st(p);
+    cp_status r = use_device(s);
+    if (r != CP_SUCCESS)
+        return r;
     cudaError_t e = cudaMemsetAsync(dst, value, bytes, s->stream);
-    return e == cudaSuccess ? CP_SUCCESS : fail(CP_ERROR_BACKEND, "cudaMemsetAsync", e);
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail("cudaMemsetAsync", e);
 }
 
-cp_status cu_convert(void *, void *, cp_dtype, const void *, cp_dtype, size_t)
+cp_status cu_convert(void *p, void *dst, cp_dtype dt, const void *src, cp_dtype sdt, size_t count)
 {
-    return unsupported("convert");
+    if ((unsigned)dt > CP_DTYPE_F64 || (unsigned)sdt > CP_DTYPE_F64)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cuda convert: dtype %d -> %d", (int)sdt, (int)dt);
+    if (count == 0)
+        return CP_SUCCESS;
+    state *s = st(p);
+    cp_status r = use_device(s);
+    return r != CP_SUCCESS ? r : launch_convert(s, dst, dt, src, sdt, count);
 }
-cp_status cu_reduce(void *, void *, const void *, cp_dtype, size_t, cp_reduce_op)
+
+cp_status cu_reduce(void *p, void *acc, const void *x, cp_dtype dt, size_t count, cp_reduce_op op)
 {
-    return unsupported("reduce");
+    if ((unsigned)dt > CP_DTYPE_F64)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cuda reduce: dtype = %d", (int)dt);
+    if (op != CP_REDUCE_SUM && op != CP_REDUCE_MAX)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cuda reduce: op = %d", (int)op);
+    if (count == 0)
+        return CP_SUCCESS;
+    state *s = st(p);
+    cp_status r = use_device(s);
+    return r != CP_SUCCESS ? r : launch_reduce(s, acc, x, dt, count, op);
 }
-cp_status cu_attn_ws(void *, const cp_kernel_attn_args *, int, size_t *)
+
+cp_status cu_merge(void *p, const cp_kernel_merge_args *a)
 {
-    return unsupported("attention");
+    state *s = st(p);
+    cp_status r = use_device(s);
+    return r != CP_SUCCESS ? r : launch_merge(s, a);
 }
-cp_status cu_attn(void *, const cp_kernel_attn_args *)
+
+// ---- overlap: streams and events ----
+
+cp_status cu_stream_select(void *p, int index)
 {
-    return unsupported("attention");
+    state *s = st(p);
+    if (index < 0 || index >= MAX_STREAMS)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cuda stream_select: index = %d (must be 0..%d)", index,
+                    MAX_STREAMS - 1);
+    if (index == 0) {
+        s->stream = s->user;
+        s->current = 0;
+        return CP_SUCCESS;
+    }
+    cp_status r = use_device(s);
+    if (r != CP_SUCCESS)
+        return r;
+    if (!s->aux[index]) {
+        cudaError_t e = cudaStreamCreateWithFlags(&s->aux[index], cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            s->aux[index] = nullptr;
+            return cuda_fail("cudaStreamCreateWithFlags", e);
+        }
+    }
+    s->stream = s->aux[index];
+    s->current = index;
+    return CP_SUCCESS;
 }
-cp_status cu_merge(void *, const cp_kernel_merge_args *)
+
+cp_status cu_event_create(void *p, void **event)
 {
-    return unsupported("merge");
+    *event = nullptr;
+    cp_status r = use_device(st(p));
+    if (r != CP_SUCCESS)
+        return r;
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess)
+        return cuda_fail("cudaEventCreateWithFlags", e);
+    *event = ev;
+    return CP_SUCCESS;
 }
+
+void cu_event_destroy(void *p, void *event)
+{
+    if (!event)
+        return;
+    cudaSetDevice(st(p)->device);
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+cp_status cu_event_record(void *p, void *event)
+{
+    state *s = st(p);
+    cp_status r = use_device(s);
+    if (r != CP_SUCCESS)
+        return r;
+    cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(event), s->stream);
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail("cudaEventRecord", e);
+}
+
+cp_status cu_event_wait(void *p, void *event)
+{
+    state *s = st(p);
+    cp_status r = use_device(s);
+    if (r != CP_SUCCESS)
+        return r;
+    cudaError_t e = cudaStreamWaitEvent(s->stream, static_cast<cudaEvent_t>(event), 0);
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail("cudaStreamWaitEvent", e);
+}
+
+} // namespace
+
+// Attention entry points (attn.cu) and the NCCL transport (nccl.cu).
+cp_status attn_workspace_size(void *state, const cp_kernel_attn_args *a, int backward, size_t *bytes);
+cp_status attn_forward(void *state, const cp_kernel_attn_args *a);
+cp_status attn_backward(void *state, const cp_kernel_attn_args *a);
+cp_status comm_create(const char *kind, void *foreign, cp_comm **out);
+
+namespace {
 
 cp_backend_ops make_ops()
 {
@@ -141,10 +342,16 @@ cp_backend_ops make_ops()
     o.memset = cu_memset;
     o.convert = cu_convert;
     o.reduce = cu_reduce;
-    o.attn_workspace_size = cu_attn_ws;
-    o.attn_forward = cu_attn;
-    o.attn_backward = cu_attn;
+    o.attn_workspace_size = attn_workspace_size;
+    o.attn_forward = attn_forward;
+    o.attn_backward = attn_backward;
     o.merge = cu_merge;
+    o.stream_select = cu_stream_select;
+    o.event_create = cu_event_create;
+    o.event_destroy = cu_event_destroy;
+    o.event_record = cu_event_record;
+    o.event_wait = cu_event_wait;
+    o.comm_create = comm_create;
     return o;
 }
 
@@ -152,9 +359,16 @@ const cp_backend_ops g_ops = make_ops();
 
 } // namespace
 
+const cp_backend_ops *ops()
+{
+    return &g_ops;
+}
+
+} // namespace cu
+
 extern "C" __attribute__((visibility("default"))) const cp_backend_ops *
 cp_backend_module_v1(const cp_module_host *host)
 {
-    g_host = host;
-    return &g_ops;
+    cu::host = host;
+    return cu::ops();
 }

@@ -32,7 +32,7 @@ static cpi_tensor block_t(const cp_attn_plan *p, const cpi_a2a_item *it, void *b
 
 static cpi_lse block_l(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int member)
 {
-    cpi_lse b = { NULL, p->s_loc, it->lse_h->heads };
+    cpi_lse b = { NULL, p->s_loc, it->lse_h->heads, NULL };
     b.p = (float *)base + (size_t)member * (size_t)p->d.batch * (size_t)b.heads * (size_t)p->s_loc;
     return b;
 }

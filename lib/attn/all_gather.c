@@ -50,12 +50,13 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
     gathered g;
     CPI_TRY(take_gathered(p, ws, 0, &g));
     cpi_tensor o32 = cpi_tensor_take(p, ws, p->s_loc, d->num_heads, d->head_dim_v, CP_DTYPE_F32);
+    cpi_lse lse = { a->lse, p->s_loc, d->num_heads, NULL };
+    cpi_lse_take_lo(p, ws, &lse);
     if (ws->measuring)
         return CP_SUCCESS;
 
     cpi_tensor q = { (void *)a->q, p->s_loc, d->num_heads, d->head_dim, d->dtype };
     cpi_tensor out = { a->out, p->s_loc, d->num_heads, d->head_dim_v, d->dtype };
-    cpi_lse lse = { a->lse, p->s_loc, d->num_heads };
     CPI_TRY(gather(p, a->k, a->v, &g));
     CPI_TRY(cpi_init_partial(p, &o32, &lse));
     for (int r = 0; r < p->P; r++) {
@@ -87,7 +88,7 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
     cpi_tensor dq = { a->dq, p->s_loc, d->num_heads, d->head_dim, d->dtype };
     cpi_tensor dk = { a->dk, p->s_loc, d->num_kv_heads, d->head_dim, d->dtype };
     cpi_tensor dv = { a->dv, p->s_loc, d->num_kv_heads, d->head_dim_v, d->dtype };
-    cpi_lse lse = { (float *)a->lse, p->s_loc, d->num_heads };
+    cpi_lse lse = { (float *)a->lse, p->s_loc, d->num_heads, NULL };
     CPI_TRY(gather(p, a->k, a->v, &g));
     CPI_TRY(cpi_zero(p, &dkg));
     CPI_TRY(cpi_zero(p, &dvg));

@@ -63,6 +63,7 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward
                 a.o = (void *)c;
                 a.o_dtype = CP_DTYPE_F32;
                 a.accumulate = 1;
+                a.lse_lo = l->lo ? l->lo + qr : NULL;
                 CPI_TRY(ops->attn_forward(p->ctx->state, &a));
                 continue;
             }

@@ -38,7 +38,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     cpi_tensor uk = user_t(p, a->k, Hkv, d->head_dim, d->dtype);
     cpi_tensor uv = user_t(p, a->v, Hkv, d->head_dim_v, d->dtype);
     cpi_tensor uo = user_t(p, a->out, H, d->head_dim_v, d->dtype);
-    cpi_lse ulse = { a->lse, p->s_loc, H };
+    cpi_lse ulse = { a->lse, p->s_loc, H, NULL };
 
     /* With A == 1 the head side is the caller's own tensors. */
     cpi_tensor qh = uq, kh = uk, vh = uv, oh = uo;
@@ -52,6 +52,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
         lseh = cpi_lse_take(p, ws, T, hq);
     }
     cpi_tensor o32 = cpi_tensor_take(p, ws, T, hq, d->head_dim_v, CP_DTYPE_F32);
+    cpi_lse_take_lo(p, ws, &lseh);
     const cpi_a2a_item iq = { &uq, NULL, &qh, NULL, 0 }, ik = { &uk, NULL, &kh, NULL, 1 },
                        iv = { &uv, NULL, &vh, NULL, 1 }, io = { &uo, NULL, &oh, NULL, 0 },
                        il = { NULL, &ulse, NULL, &lseh, 0 };
@@ -87,7 +88,7 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
                uv = user_t(p, a->v, Hkv, Dv, d->dtype), uo = user_t(p, a->out, H, Dv, d->dtype),
                udo = user_t(p, a->dout, H, Dv, d->dtype), udq = user_t(p, a->dq, H, D, d->dtype),
                udk = user_t(p, a->dk, Hkv, D, d->dtype), udv = user_t(p, a->dv, Hkv, Dv, d->dtype);
-    cpi_lse ulse = { (float *)a->lse, p->s_loc, H };
+    cpi_lse ulse = { (float *)a->lse, p->s_loc, H, NULL };
 
     cpi_tensor qh = uq, kh = uk, vh = uv, oh = uo, doh = udo, dqh = udq;
     cpi_lse lseh = ulse;

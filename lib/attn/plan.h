@@ -16,11 +16,14 @@ typedef struct cpi_tensor {
     cp_dtype dtype;
 } cpi_tensor;
 
-/* LSE buffer: float [batch, heads, ntok]. */
+/* LSE buffer: float [batch, heads, ntok]. A partial result being merged
+ * also has `lo`, the rounding residual of each value (same layout), so that
+ * a chain of merges rounds once (see cp_kernel_attn_args.lse_lo). */
 typedef struct cpi_lse {
     float *p;
     int64_t ntok;
     int32_t heads;
+    float *lo;
 } cpi_lse;
 
 /* A set of global token positions stored as rows of a buffer: span i holds
@@ -76,6 +79,8 @@ void cpi_tensor_strides(const cp_attn_plan *p, const cpi_tensor *t, int64_t *sb,
 cpi_tensor cpi_tensor_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads, int32_t dim,
                            cp_dtype dtype);
 cpi_lse cpi_lse_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads);
+/* Give l a residual buffer from the arena (for partial results). */
+void cpi_lse_take_lo(const cp_attn_plan *p, cpi_arena *a, cpi_lse *l);
 
 /* Copy rows [src_row, +nrows) x heads [src_head, +nheads) of src into dst at
  * (dst_row, dst_head). Same dtype and dim. */
@@ -87,7 +92,7 @@ cp_status cpi_copy_lse(const cp_attn_plan *p, const cpi_lse *dst, int64_t dst_ro
                        int32_t nheads);
 /* dst = src converted (whole tensors of equal shape). */
 cp_status cpi_convert_tensor(const cp_attn_plan *p, const cpi_tensor *dst, const cpi_tensor *src);
-/* O = 0 (F32), LSE = -inf. */
+/* O = 0 (F32), LSE = -inf, its residual 0. */
 cp_status cpi_init_partial(const cp_attn_plan *p, const cpi_tensor *o32, const cpi_lse *lse);
 cp_status cpi_zero(const cp_attn_plan *p, const cpi_tensor *t);
 

@@ -44,11 +44,21 @@ cpi_tensor cpi_tensor_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, in
     return t;
 }
 
+static size_t lse_bytes(const cp_attn_plan *p, const cpi_lse *l)
+{
+    return (size_t)p->d.batch * (size_t)l->heads * (size_t)l->ntok * sizeof(float);
+}
+
 cpi_lse cpi_lse_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads)
 {
-    cpi_lse l = { NULL, ntok, heads };
-    l.p = cpi_arena_take(a, (size_t)p->d.batch * (size_t)heads * (size_t)ntok * sizeof(float));
+    cpi_lse l = { NULL, ntok, heads, NULL };
+    l.p = cpi_arena_take(a, lse_bytes(p, &l));
     return l;
+}
+
+void cpi_lse_take_lo(const cp_attn_plan *p, cpi_arena *a, cpi_lse *l)
+{
+    l->lo = cpi_arena_take(a, lse_bytes(p, l));
 }
 
 static cp_copy_kind local_kind(const cp_attn_plan *p)
@@ -122,6 +132,8 @@ cp_status cpi_init_partial(const cp_attn_plan *p, const cpi_tensor *o32, const c
     CPI_TRY(cpi_zero(p, o32));
     /* -inf (0xff800000) is no byte pattern memset can write: copy it from a
      * host row instead. */
+    if (lse->lo)
+        CPI_TRY(p->ctx->ops->memset(p->ctx->state, lse->lo, 0, lse_bytes(p, lse)));
     size_t n = (size_t)p->d.batch * (size_t)lse->heads * (size_t)lse->ntok;
     enum { CHUNK = 1024 };
     float row[CHUNK];

@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The vector layer the tile kernels are written in: a float vector type
+ * `vf` of VL lanes and a handful of operations on it, for one instruction set
+ * chosen by the including file before it includes this header:
+ *
+ *   CPI_SIMD_AVX512   16 lanes, AVX-512F (+ F16C for half conversion)
+ *   CPI_SIMD_AVX2      8 lanes, AVX2 + FMA + F16C
+ *   (neither)          4 lanes, GCC vector extensions only: portable C that
+ *                      the compiler lowers to SSE2, NEON or scalar code
+ *
+ * The ISA files set the matching `#pragma GCC target` first, so the library
+ * itself is built without -m flags and picks an ISA at run time.
+ *
+ * Everything that does not need a special instruction (exp2, blends, integer
+ * bit work) is written once with GCC vector extensions on these types.
+ */
+#ifndef INFINICP_CPU_SIMD_H
+#define INFINICP_CPU_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(CPI_SIMD_AVX512) || defined(CPI_SIMD_AVX2)
+#include <immintrin.h>
+#endif
+
+#if defined(CPI_SIMD_AVX512)
+#define VL 16
+typedef __m512 vf;
+typedef int32_t vi __attribute__((vector_size(64)));
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline vf vzero(void) { return _mm512_setzero_ps(); }
+static inline vf vload_f16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline void vstore_f16(uint16_t *p, vf x)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#elif defined(CPI_SIMD_AVX2)
+#define VL 8
+typedef __m256 vf;
+typedef int32_t vi __attribute__((vector_size(32)));
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline vf vzero(void) { return _mm256_setzero_ps(); }
+static inline vf vload_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline void vstore_f16(uint16_t *p, vf x)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#else
+#include "kernels/cpu/half.h"
+#define VL 4
+typedef float vf __attribute__((vector_size(16)));
+typedef int32_t vi __attribute__((vector_size(16)));
+/* Not fused: a software fma would be far slower than the rounding it saves. */
+static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
+static inline vf vmax(vf a, vf b)
+{
+    vi gt = a > b; /* NaN compares false and yields b, as maxps does */
+    return (vf)((gt & (vi)a) | (~gt & (vi)b));
+}
+static inline vf vset1(float x) { return (vf){x, x, x, x}; }
+static inline vf vzero(void) { return (vf){0, 0, 0, 0}; }
+static inline vf vload_f16(const uint16_t *p)
+{
+    vf r;
+    for (int i = 0; i < VL; i++)
+        r[i] = cpi_f16_to_f32(p[i]);
+    return r;
+}
+static inline void vstore_f16(uint16_t *p, vf x)
+{
+    for (int i = 0; i < VL; i++)
+        p[i] = cpi_f32_to_f16(x[i]);
+}
+#endif
+
+typedef uint16_t vu16 __attribute__((vector_size(VL * 2)));
+typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
+
+/* Unaligned loads and stores; memcpy compiles to one vector move. */
+static inline vf vload(const float *p)
+{
+    vf r;
+    memcpy(&r, p, sizeof r);
+    return r;
+}
+static inline void vstore(float *p, vf x)
+{
+    memcpy(p, &x, sizeof x);
+}
+
+/* bf16 is the top half of a float: widen and shift. */
+static inline vf vload_bf16(const uint16_t *p)
+{
+    vu16 h;
+    memcpy(&h, p, sizeof h);
+    vu32 w = __builtin_convertvector(h, vu32) << 16;
+    return (vf)w;
+}
+
+/* Round to nearest even at bit 16, NaN kept a quiet NaN (as cpi_f32_to_bf16). */
+static inline void vstore_bf16(uint16_t *p, vf x)
+{
+    vu32 u = (vu32)x;
+    vu32 nan = (vu32)((u & 0x7fffffffu) > 0x7f800000u);
+    vu32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    vu32 quiet = (u >> 16) | 0x40u;
+    vu16 h = __builtin_convertvector((nan & quiet) | (~nan & rounded), vu16);
+    memcpy(p, &h, sizeof h);
+}
+
+/* mask ? a : b, lane by lane, for a mask from a vector comparison. */
+static inline vf vselect(vi mask, vf a, vf b)
+{
+    return (vf)((mask & (vi)a) | (~mask & (vi)b));
+}
+
+/*
+ * 2^x for every lane, relative error below 2e-7 for results in the normal
+ * range; exactly 0 for x <= -127 (so -inf gives 0, never NaN) and saturated
+ * at 2^127 for x >= 127. x = n + f with n = round(x), |f| <= 1/2; 2^f from its
+ * Taylor series to degree 6 (truncation error (ln2/2)^7/7! = 1.2e-7), and
+ * 2^n by building the exponent field.
+ */
+static inline vf vexp2(vf x)
+{
+    const vf lo = vset1(-127.0f), hi = vset1(127.0f);
+    x = vmax(x, lo);
+    x = vselect(x < hi, x, hi); /* min(x, hi) */
+    /* round to nearest: adding 1.5*2^23 leaves n in the low mantissa bits */
+    const vf magic = vset1(12582912.0f);
+    vf t = x + magic;
+    vf n = t - magic;
+    vf f = x - n;
+    vf p = vset1(1.5403530393381608e-4f);
+    p = vfma(p, f, vset1(1.3333558146428443e-3f));
+    p = vfma(p, f, vset1(9.6181291076284772e-3f));
+    p = vfma(p, f, vset1(5.5504108664821580e-2f));
+    p = vfma(p, f, vset1(2.4022650695910071e-1f));
+    p = vfma(p, f, vset1(6.9314718055994531e-1f));
+    p = vfma(p, f, vset1(1.0f));
+    /* n in [-127, 127]: biased exponent n + 127 in [0, 254]; 0 encodes +0 */
+    vi e = ((vi)t - (vi)magic + 127) << 23;
+    return p * (vf)e;
+}
+
+/* Horizontal reductions (outside the hot loops). */
+static inline float vreduce_add(vf x)
+{
+    float s = 0;
+    for (int i = 0; i < VL; i++)
+        s += x[i];
+    return s;
+}
+
+#endif

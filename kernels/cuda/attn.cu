@@ -1,0 +1,268 @@
+// SPDX-License-Identifier: MIT
+// Block attention entry points: normalise the arguments, pick one of the three
+// paths, size and provide the workspace.
+//
+// Paths, in the order they are preferred:
+//  - mma (attn_mma.cu): fused flash-style kernels on tensor cores (mma.sync
+//    m16n8k16, fp32 accumulation) for F16 / BF16 with head dims up to 256
+//    (64, 128, 256 natively; others are zero-padded to the next of these);
+//  - simt (attn_simt.cu): fused kernels in plain fp32 arithmetic, for F32
+//    (exact: no TF32, accurate exponentials) and any head dim whose tiles fit
+//    in shared memory;
+//  - cublas (attn_blas.cu): GEMM + softmax + GEMM over chunks of query rows,
+//    bounded memory; the fallback, and an independent reference for tests.
+// INFINICP_CUDA_ATTN=mma|simt|cublas forces a path where it applies;
+// INFINICP_CUDA_FWD_MT=1 makes the mma forward use one row tile per warp
+// (tuning; both variants are measured by tests/bench-gpu.c).
+//
+// Workspace: forward on the fused paths needs none; backward needs one float
+// per query row (rowsum(dO * O)); the cuBLAS path adds its chunk buffers.
+#include <cinttypes>
+#include <cmath>
+
+#include "common.cuh"
+
+namespace cu {
+
+cp_status make_params(const cp_kernel_attn_args *a, int backward, const char *func, attn_params *p)
+{
+    if (!a)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "%s: a is NULL", func);
+    *p = attn_params();
+    const bool storage_ok = a->dtype == CP_DTYPE_F32 || a->dtype == CP_DTYPE_F16 || a->dtype == CP_DTYPE_BF16;
+    if (!storage_ok)
+        return fail(CP_ERROR_UNSUPPORTED, "%s: a->dtype = %d (the CUDA kernels take F32, F16 or BF16)", func,
+                    (int)a->dtype);
+    if (a->o_dtype != a->dtype && a->o_dtype != CP_DTYPE_F32)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "%s: a->o_dtype = %d (must be a->dtype or CP_DTYPE_F32)", func,
+                    (int)a->o_dtype);
+    if (backward && a->grad_dtype != a->dtype && a->grad_dtype != CP_DTYPE_F32)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "%s: a->grad_dtype = %d (must be a->dtype or CP_DTYPE_F32)", func,
+                    (int)a->grad_dtype);
+    if (a->batch <= 0 || a->batch > INT32_MAX || a->num_heads <= 0 || a->num_kv_heads <= 0 ||
+        a->num_heads % a->num_kv_heads || a->head_dim <= 0 || a->head_dim_v < 0 || a->seq_q <= 0 ||
+        a->seq_k <= 0)
+        return fail(CP_ERROR_INVALID_ARGUMENT,
+                    "%s: batch %" PRId64 ", num_heads %d, num_kv_heads %d, head_dim %d, head_dim_v %d, "
+                    "seq_q %" PRId64 ", seq_k %" PRId64 " (sizes must be > 0, kv heads divide heads)",
+                    func, a->batch, a->num_heads, a->num_kv_heads, a->head_dim, a->head_dim_v, a->seq_q, a->seq_k);
+    p->B = (int)a->batch;
+    p->H = a->num_heads;
+    p->Hkv = a->num_kv_heads;
+    p->G = p->H / p->Hkv;
+    p->D = a->head_dim;
+    p->Dv = a->head_dim_v ? a->head_dim_v : a->head_dim;
+    p->Sq = a->seq_q;
+    p->Sk = a->seq_k;
+    p->delta = a->q_offset - a->k_offset;
+    p->causal = a->mask == CP_MASK_CAUSAL;
+    const double scale = a->softmax_scale != 0.0 ? a->softmax_scale : 1.0 / sqrt((double)a->head_dim);
+    p->scale = (float)scale;
+    p->c = (float)(scale * 1.4426950408889634);
+    p->dt = a->dtype;
+    p->odt = a->o_dtype;
+    p->gdt = a->grad_dtype;
+    p->accumulate = a->accumulate;
+    p->grad_accumulate = a->grad_accumulate;
+
+    const int64_t B = p->B;
+    auto view = [&](const void *ptr, int64_t sb, int64_t ss, int64_t sh, int64_t S, int64_t H, int64_t D) {
+        tensor t = {ptr, sb, ss, sh};
+        if (!sb && !ss && !sh) {
+            t.sh = D;
+            if (a->format == CP_FORMAT_SBHD) {
+                t.sb = H * D;
+                t.ss = B * H * D;
+            } else {
+                t.ss = H * D;
+                t.sb = S * H * D;
+            }
+        }
+        return t;
+    };
+    p->q = view(a->q, a->q_stride_b, a->q_stride_s, a->q_stride_h, p->Sq, p->H, p->D);
+    p->k = view(a->k, a->k_stride_b, a->k_stride_s, a->k_stride_h, p->Sk, p->Hkv, p->D);
+    p->v = view(a->v, a->v_stride_b, a->v_stride_s, a->v_stride_h, p->Sk, p->Hkv, p->Dv);
+    p->o = view(a->o, a->o_stride_b, a->o_stride_s, a->o_stride_h, p->Sq, p->H, p->Dv);
+    p->lse = a->lse;
+    p->lsb = a->lse_stride_b;
+    p->lsh = a->lse_stride_h;
+    if (!p->lsb && !p->lsh) {
+        p->lsh = p->Sq;
+        p->lsb = p->H * p->Sq;
+    }
+    if (backward) {
+        p->dout = view(a->dout, a->dout_stride_b, a->dout_stride_s, a->dout_stride_h, p->Sq, p->H, p->Dv);
+        p->dq = view(a->dq, a->dq_stride_b, a->dq_stride_s, a->dq_stride_h, p->Sq, p->H, p->D);
+        p->dk = view(a->dk, a->dk_stride_b, a->dk_stride_s, a->dk_stride_h, p->Sk, p->Hkv, p->D);
+        p->dv = view(a->dv, a->dv_stride_b, a->dv_stride_s, a->dv_stride_h, p->Sk, p->Hkv, p->Dv);
+    }
+
+    // 16-byte loads of whole head rows: aligned bases and strides, and head
+    // dims of whole 16-byte chunks.
+    const size_t es = a->dtype == CP_DTYPE_F32 ? 4 : 2;
+    const int64_t per = (int64_t)(16 / es);
+    auto aligned = [&](const tensor &t) {
+        return (uintptr_t)t.p % 16 == 0 && t.sb % per == 0 && t.ss % per == 0 && t.sh % per == 0;
+    };
+    p->vec = p->D % per == 0 && p->Dv % per == 0 && aligned(p->q) && aligned(p->k) && aligned(p->v) &&
+             (!backward || a->o_dtype != a->dtype || aligned(p->dout));
+    return CP_SUCCESS;
+}
+
+namespace {
+
+state *st(void *p)
+{
+    return static_cast<state *>(p);
+}
+
+attn_path choose(const state *s, const attn_params &p, int backward)
+{
+    const bool mma = mma_fits(s, p, backward), simt = simt_fits(s, p, backward), blas = blas_fits(p, backward);
+    if (s->path == PATH_BLAS && blas)
+        return PATH_BLAS;
+    if (s->path == PATH_SIMT && simt)
+        return PATH_SIMT;
+    if (mma)
+        return PATH_MMA;
+    if (simt)
+        return PATH_SIMT;
+    if (blas)
+        return PATH_BLAS;
+    return PATH_AUTO; // nothing fits
+}
+
+size_t round_up(size_t n)
+{
+    return (n + 255) & ~(size_t)255;
+}
+
+size_t drow_bytes(const attn_params &p)
+{
+    return round_up((size_t)p.B * (size_t)p.H * (size_t)p.Sq * sizeof(float));
+}
+
+cp_status workspace_for(const attn_params &p, int backward, attn_path path, size_t *bytes)
+{
+    size_t n = backward ? drow_bytes(p) : 0;
+    if (path == PATH_BLAS)
+        n += blas_workspace(p, backward);
+    *bytes = n;
+    return CP_SUCCESS;
+}
+
+cp_status unsupported(const attn_params &p, const char *func)
+{
+    return fail(CP_ERROR_UNSUPPORTED,
+                "%s: no CUDA attention path for head_dim %d, head_dim_v %d with o_dtype %d (dtype %d)", func, p.D,
+                p.Dv, (int)p.odt, (int)p.dt);
+}
+
+// The caller's workspace, or a stream-ordered one of our own.
+struct scratch {
+    void *base = nullptr;
+    bool owned = false;
+};
+
+cp_status take_workspace(state *s, const cp_kernel_attn_args *a, size_t need, const char *func, scratch *w)
+{
+    if (need == 0)
+        return CP_SUCCESS;
+    if (a->workspace) {
+        if (a->workspace_bytes < need)
+            return fail(CP_ERROR_INVALID_ARGUMENT,
+                        "%s: workspace_bytes = %zu (this call needs %zu; see cp_kernel_attn_workspace_size)", func,
+                        a->workspace_bytes, need);
+        w->base = a->workspace;
+        return CP_SUCCESS;
+    }
+    cudaError_t e = cudaMallocAsync(&w->base, need, s->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail(CP_ERROR_OUT_OF_MEMORY, "%s: cudaMallocAsync of a %zu-byte workspace: %s", func, need,
+                    cudaGetErrorString(e));
+    }
+    w->owned = true;
+    return CP_SUCCESS;
+}
+
+cp_status release(state *s, scratch *w, cp_status r)
+{
+    if (w->owned) {
+        cudaError_t e = cudaFreeAsync(w->base, s->stream);
+        if (e != cudaSuccess && r == CP_SUCCESS)
+            return cuda_fail("cudaFreeAsync", e);
+    }
+    return r;
+}
+
+} // namespace
+
+cp_status attn_workspace_size(void *sp, const cp_kernel_attn_args *a, int backward, size_t *bytes)
+{
+    const char *func = "cp_kernel_attn_workspace_size";
+    *bytes = 0;
+    attn_params p;
+    cp_status r = make_params(a, backward, func, &p);
+    if (r != CP_SUCCESS)
+        return r;
+    attn_path path = choose(st(sp), p, backward);
+    if (path == PATH_AUTO)
+        return unsupported(p, func);
+    return workspace_for(p, backward, path, bytes);
+}
+
+cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
+{
+    const char *func = "cp_kernel_attn_forward";
+    state *s = st(sp);
+    attn_params p;
+    cp_status r = make_params(a, 0, func, &p);
+    if (r != CP_SUCCESS || (r = use_device(s)) != CP_SUCCESS)
+        return r;
+    attn_path path = choose(s, p, 0);
+    if (path == PATH_AUTO)
+        return unsupported(p, func);
+    if (path == PATH_MMA)
+        return mma_forward(s, p);
+    if (path == PATH_SIMT)
+        return simt_forward(s, p);
+    size_t need;
+    workspace_for(p, 0, path, &need);
+    scratch w;
+    if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
+        return r;
+    return release(s, &w, blas_forward(s, p, w.base));
+}
+
+cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
+{
+    const char *func = "cp_kernel_attn_backward";
+    state *s = st(sp);
+    attn_params p;
+    cp_status r = make_params(a, 1, func, &p);
+    if (r != CP_SUCCESS || (r = use_device(s)) != CP_SUCCESS)
+        return r;
+    attn_path path = choose(s, p, 1);
+    if (path == PATH_AUTO)
+        return unsupported(p, func);
+    size_t need;
+    workspace_for(p, 1, path, &need);
+    scratch w;
+    if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
+        return r;
+    p.drow = static_cast<float *>(w.base);
+    r = launch_drow(s, p);
+    if (r == CP_SUCCESS) {
+        if (path == PATH_MMA)
+            r = mma_backward(s, p);
+        else if (path == PATH_SIMT)
+            r = simt_backward(s, p);
+        else
+            r = blas_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p));
+    }
+    return release(s, &w, r);
+}
+
+} // namespace cu

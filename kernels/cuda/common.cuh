@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: MIT
+// Shared by every translation unit of the CUDA backend module: the per-context
+// state, error reporting through the core, the normalised attention problem
+// that all three attention paths take, and small device helpers.
+#ifndef INFINICP_KERNELS_CUDA_COMMON_CUH
+#define INFINICP_KERNELS_CUDA_COMMON_CUH
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <infinicp/backend.h>
+
+namespace cu {
+
+// The core's services, handed to cp_backend_module_v1.
+extern const cp_module_host *host;
+// This module's backend table (the NCCL transport checks buffers against it).
+const cp_backend_ops *ops();
+
+// Record cp_last_error() text through the core and return s.
+cp_status fail(cp_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// A failed CUDA runtime call: CP_ERROR_BACKEND with the runtime's message, or
+// CP_ERROR_NOT_FOUND (saying what to install) when there is no driver or GPU.
+cp_status cuda_fail(const char *what, cudaError_t e);
+// After kernel launches: the launch error, if any.
+cp_status check_launch(const char *what);
+
+// Streams a state can put work on (backend.h, stream_select): index 0 is the
+// context's stream, 1..MAX_STREAMS-1 are created on first use.
+constexpr int MAX_STREAMS = 8;
+
+// Attention path, forced by INFINICP_CUDA_ATTN (read when a context opens).
+enum attn_path { PATH_AUTO = 0, PATH_MMA = 1, PATH_SIMT = 2, PATH_BLAS = 3 };
+
+struct state {
+    int device;
+    cudaStream_t user;                // the context's stream (stream 0)
+    cudaStream_t stream;              // where work goes now
+    int current;                      // index of `stream`
+    cudaStream_t aux[MAX_STREAMS];    // [1..] created on first use
+    void *blas;                       // cublasHandle_t, created on first use
+    attn_path path;                   // forced path, PATH_AUTO by default
+    int fwd_mt;                       // forward row tiles per warp (tuning; 0 = default)
+    int sm_count;
+    int smem_optin;                   // bytes of shared memory a block may opt into
+    int cc;                           // compute capability, major * 10 + minor
+};
+
+// Make the state's device current on the calling thread.
+cp_status use_device(state *s);
+
+// ---------------------------------------------------------------------------
+// The attention problem, normalised once on the host and passed by value to
+// every kernel. Strides are in elements; element (b, s, h, d) of a tensor is
+// at p + b*sb + s*ss + h*sh + d.
+
+struct tensor {
+    const void *p;
+    int64_t sb, ss, sh;
+};
+
+struct attn_params {
+    tensor q, k, v, o, dout, dq, dk, dv;
+    float *lse;
+    int64_t lsb, lsh;   // LSE element (b, h, s) at lse + b*lsb + h*lsh + s
+    int B, H, Hkv, G;   // G = H / Hkv query heads per kv head
+    int D, Dv;          // head dims of q/k and v/o
+    int64_t Sq, Sk;
+    int64_t delta;      // q_offset - k_offset: key j is visible to query i iff j <= i + delta
+    int causal;
+    float scale;        // softmax scale
+    float c;            // scale * log2(e): scores are kept in base 2
+    cp_dtype dt, odt, gdt;
+    int accumulate, grad_accumulate;
+    float *drow;        // backward: rowsum(dO * O), [B][H][Sq] in the workspace
+    int vec;            // q, k, v (and dout) allow 16-byte loads of head rows
+};
+
+// Fill p from a (defaults resolved as the core does; checks what the kernels
+// rely on). func names the entry point in messages.
+cp_status make_params(const cp_kernel_attn_args *a, int backward, const char *func, attn_params *p);
+
+// Keys [0, n) of the block are the ones query row i may see.
+__host__ __device__ inline int64_t visible_keys(const attn_params &p, int64_t i)
+{
+    if (!p.causal)
+        return p.Sk;
+    int64_t n = i + p.delta + 1;
+    return n < 0 ? 0 : (n > p.Sk ? p.Sk : n);
+}
+
+// First query row that sees key j (Sq if none).
+__host__ __device__ inline int64_t first_query(const attn_params &p, int64_t j)
+{
+    if (!p.causal)
+        return 0;
+    int64_t i = j - p.delta;
+    return i < 0 ? 0 : (i > p.Sq ? p.Sq : i);
+}
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------------------
+// Device helpers.
+
+__device__ __forceinline__ float ld_f(const void *p, cp_dtype t, int64_t i)
+{
+    switch (t) {
+    case CP_DTYPE_F16: return __half2float(static_cast<const __half *>(p)[i]);
+    case CP_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    case CP_DTYPE_F64: return (float)static_cast<const double *>(p)[i];
+    default: return static_cast<const float *>(p)[i];
+    }
+}
+
+__device__ __forceinline__ void st_f(void *p, cp_dtype t, int64_t i, float v)
+{
+    switch (t) {
+    case CP_DTYPE_F16: static_cast<__half *>(p)[i] = __float2half_rn(v); break;
+    case CP_DTYPE_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
+    case CP_DTYPE_F64: static_cast<double *>(p)[i] = v; break;
+    default: static_cast<float *>(p)[i] = v; break;
+    }
+}
+
+__device__ __forceinline__ int64_t at(const tensor &t, int64_t b, int64_t s, int64_t h)
+{
+    return b * t.sb + s * t.ss + h * t.sh;
+}
+
+// Base-2 LSE of a row for recomputing probabilities: +inf for a row that sees
+// no key, so that 2^(s - lse2) = 0 there (the CPU kernels do the same).
+__device__ __forceinline__ float lse2_of(float lse)
+{
+    return lse == -INFINITY ? INFINITY : lse * LOG2E;
+}
+
+// Merge one element-row's weights: (o, lse) <- merge((o, lse), (x, lse_x)),
+// exactly as the CPU backend (weights in double, the row in fp32). Returns
+// false when x contributes nothing (lse_x = -inf); sets *w1 = 0 when the
+// running result is empty (lse = -inf), so o's old value is never read.
+__device__ __forceinline__ bool merge_weights(float lse, float lse_x, float *w1, float *w2, float *merged)
+{
+    if (lse_x == -INFINITY)
+        return false;
+    if (lse == -INFINITY) {
+        *w1 = 0.0f;
+        *w2 = 1.0f;
+        *merged = lse_x;
+        return true;
+    }
+    double mx = lse > lse_x ? lse : lse_x;
+    double m = mx + log(exp((double)lse - mx) + exp((double)lse_x - mx));
+    *w1 = (float)exp((double)lse - m);
+    *w2 = (float)exp((double)lse_x - m);
+    *merged = (float)m;
+    return true;
+}
+
+// Store one output value: o = v (accumulate 0), o += v (grads), or the merged
+// value w1 * o + w2 * v with w1 = 0 meaning "do not read o".
+__device__ __forceinline__ void store_merged(void *o, cp_dtype t, int64_t i, float v, float w1, float w2)
+{
+    float old = w1 != 0.0f ? ld_f(o, t, i) : 0.0f;
+    st_f(o, t, i, w1 != 0.0f ? w1 * old + w2 * v : w2 * v);
+}
+
+__device__ __forceinline__ void store_grad(void *o, cp_dtype t, int64_t i, float v, int accumulate)
+{
+    st_f(o, t, i, accumulate ? ld_f(o, t, i) + v : v);
+}
+
+// ---------------------------------------------------------------------------
+// Launchers shared between translation units (all queue on s->stream).
+
+cp_status launch_convert(state *s, void *dst, cp_dtype dt, const void *src, cp_dtype st, size_t n);
+cp_status launch_reduce(state *s, void *acc, const void *x, cp_dtype t, size_t n, cp_reduce_op op);
+cp_status launch_merge(state *s, const cp_kernel_merge_args *a);
+// drow[b][h][i] = sum_d dout * o for every query row of p.
+cp_status launch_drow(state *s, const attn_params &p);
+
+// The three attention paths. Forward / backward take p with drow set.
+bool simt_fits(const state *s, const attn_params &p, int backward);
+cp_status simt_forward(state *s, const attn_params &p);
+cp_status simt_backward(state *s, const attn_params &p);
+bool mma_fits(const state *s, const attn_params &p, int backward);
+cp_status mma_forward(state *s, const attn_params &p);
+cp_status mma_backward(state *s, const attn_params &p);
+bool blas_fits(const attn_params &p, int backward);
+size_t blas_workspace(const attn_params &p, int backward);
+cp_status blas_forward(state *s, const attn_params &p, void *ws);
+cp_status blas_backward(state *s, const attn_params &p, void *ws);
+
+// Opt a kernel into `bytes` of dynamic shared memory (once per kernel).
+cp_status allow_smem(const void *kernel, int bytes, const char *what);
+
+} // namespace cu
+
+#endif

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: MIT
+// Element-wise kernels: dtype conversion, reduction (fp32 or wider), the merge
+// of partial attention results, and rowsum(dO * O) for the backward passes.
+// Each follows the CPU backend's arithmetic so that both give the same values
+// up to fp32 rounding order.
+#include <cmath>
+
+#include "common.cuh"
+
+namespace cu {
+namespace {
+
+// Exact loads and stores through double (F64 stays F64; F16 / BF16 go through
+// f32, which is exact for every value that came from F32, F16 or BF16).
+__device__ __forceinline__ double ld_d(const void *p, cp_dtype t, size_t i)
+{
+    return t == CP_DTYPE_F64 ? static_cast<const double *>(p)[i] : (double)ld_f(p, t, (int64_t)i);
+}
+
+__device__ __forceinline__ void st_d(void *p, cp_dtype t, size_t i, double v)
+{
+    if (t == CP_DTYPE_F64)
+        static_cast<double *>(p)[i] = v;
+    else
+        st_f(p, t, (int64_t)i, (float)v);
+}
+
+__global__ void convert_kernel(void *dst, cp_dtype dt, const void *src, cp_dtype sdt, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        st_d(dst, dt, i, ld_d(src, sdt, i));
+}
+
+__global__ void reduce_kernel(void *acc, const void *x, cp_dtype t, size_t n, cp_reduce_op op)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        double a = ld_d(acc, t, i), b = ld_d(x, t, i);
+        // max keeps a NaN of x, and otherwise the larger (as the CPU backend)
+        double r = op == CP_REDUCE_SUM ? a + b : (a >= b || b != b ? (b != b ? b : a) : b);
+        if (t != CP_DTYPE_F64)
+            r = (float)r; // the sum is formed in fp32
+        st_d(acc, t, i, r);
+    }
+}
+
+unsigned grid_for(size_t n, int threads)
+{
+    size_t blocks = (n + threads - 1) / threads;
+    return (unsigned)(blocks < 65536 ? blocks : 65536);
+}
+
+// One warp per (b, s, h) row: every lane reads the two LSE values before lane
+// 0 overwrites the running one.
+__global__ void merge_kernel(cp_kernel_merge_args a)
+{
+    const int64_t rows = a.batch * a.seq * a.num_heads;
+    const int lane = threadIdx.x & 31;
+    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x / 32) {
+        const int h = (int)(r % a.num_heads);
+        const int64_t bs = r / a.num_heads, s = bs % a.seq, b = bs / a.seq;
+        float *lse = a.lse + b * a.lse_stride_b + h * a.lse_stride_h + s;
+        const float lse_x = a.lse_part[b * a.lse_part_stride_b + h * a.lse_part_stride_h + s];
+        float w1, w2, merged;
+        const bool add = merge_weights(*lse, lse_x, &w1, &w2, &merged);
+        __syncwarp();
+        if (!add)
+            continue;
+        const int64_t o = b * a.o_stride_b + s * a.o_stride_s + h * a.o_stride_h;
+        const int64_t x = b * a.o_part_stride_b + s * a.o_part_stride_s + h * a.o_part_stride_h;
+        for (int d = lane; d < a.head_dim_v; d += 32)
+            store_merged(a.o, a.o_dtype, o + d, ld_f(a.o_part, a.o_part_dtype, x + d), w1, w2);
+        if (lane == 0)
+            *lse = merged;
+    }
+}
+
+// One warp per query row.
+__global__ void drow_kernel(attn_params p)
+{
+    const int64_t rows = (int64_t)p.B * p.H * p.Sq;
+    const int lane = threadIdx.x & 31;
+    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x / 32) {
+        const int64_t i = r % p.Sq, bh = r / p.Sq, b = bh / p.H;
+        const int h = (int)(bh % p.H);
+        const int64_t od = at(p.dout, b, i, h), oo = at(p.o, b, i, h);
+        float sum = 0.0f;
+        for (int d = lane; d < p.Dv; d += 32)
+            sum += ld_f(p.dout.p, p.odt, od + d) * ld_f(p.o.p, p.odt, oo + d);
+        for (int m = 16; m; m >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, m);
+        if (lane == 0)
+            p.drow[r] = sum;
+    }
+}
+
+} // namespace
+
+cp_status launch_convert(state *s, void *dst, cp_dtype dt, const void *src, cp_dtype sdt, size_t n)
+{
+    convert_kernel<<<grid_for(n, 256), 256, 0, s->stream>>>(dst, dt, src, sdt, n);
+    return check_launch("convert kernel");
+}
+
+cp_status launch_reduce(state *s, void *acc, const void *x, cp_dtype t, size_t n, cp_reduce_op op)
+{
+    reduce_kernel<<<grid_for(n, 256), 256, 0, s->stream>>>(acc, x, t, n, op);
+    return check_launch("reduce kernel");
+}
+
+cp_status launch_merge(state *s, const cp_kernel_merge_args *a)
+{
+    if (a->batch <= 0 || a->seq <= 0 || a->num_heads <= 0 || a->head_dim_v <= 0 || !a->o || !a->lse ||
+        !a->o_part || !a->lse_part)
+        return fail(CP_ERROR_INVALID_ARGUMENT,
+                    "cuda merge: batch %lld, seq %lld, num_heads %d, head_dim_v %d (must be > 0), "
+                    "o %p, lse %p, o_part %p, lse_part %p (must not be NULL)",
+                    (long long)a->batch, (long long)a->seq, a->num_heads, a->head_dim_v, a->o, (void *)a->lse,
+                    a->o_part, (const void *)a->lse_part);
+    cp_kernel_merge_args m = *a;
+    // Zero strides mean dense tensors of this shape (the core normally
+    // resolves them already).
+    const int64_t hd = (int64_t)m.num_heads * m.head_dim_v;
+    auto dense = [&](int64_t *sb, int64_t *ss, int64_t *sh) {
+        if (*sb || *ss || *sh)
+            return;
+        *sh = m.head_dim_v;
+        if (m.format == CP_FORMAT_SBHD) {
+            *sb = hd;
+            *ss = m.batch * hd;
+        } else {
+            *ss = hd;
+            *sb = m.seq * hd;
+        }
+    };
+    dense(&m.o_stride_b, &m.o_stride_s, &m.o_stride_h);
+    dense(&m.o_part_stride_b, &m.o_part_stride_s, &m.o_part_stride_h);
+    if (!m.lse_stride_b && !m.lse_stride_h) {
+        m.lse_stride_h = m.seq;
+        m.lse_stride_b = m.num_heads * m.seq;
+    }
+    if (!m.lse_part_stride_b && !m.lse_part_stride_h) {
+        m.lse_part_stride_h = m.seq;
+        m.lse_part_stride_b = m.num_heads * m.seq;
+    }
+    const int64_t rows = m.batch * m.seq * m.num_heads;
+    merge_kernel<<<grid_for((size_t)rows * 32, 256), 256, 0, s->stream>>>(m);
+    return check_launch("merge kernel");
+}
+
+cp_status launch_drow(state *s, const attn_params &p)
+{
+    const int64_t rows = (int64_t)p.B * p.H * p.Sq;
+    drow_kernel<<<grid_for((size_t)rows * 32, 256), 256, 0, s->stream>>>(p);
+    return check_launch("rowsum(dO * O) kernel");
+}
+
+} // namespace cu

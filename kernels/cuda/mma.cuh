@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: MIT
+// Tensor-core building blocks of the fused F16 / BF16 attention kernels:
+// mma.sync m16n8k16 with fp32 accumulators, ldmatrix fragment loads, cp.async
+// tile loads, and the tile shapes both attention files agree on.
+//
+// Fragment layout of m16n8k16 (g = lane / 4, t = lane % 4): the accumulator
+// c[0..3] holds (row g, cols 2t, 2t+1) and (row g+8, cols 2t, 2t+1); A holds
+// a[0] (g, 2t..), a[1] (g+8, 2t..), a[2] (g, 2t+8..), a[3] (g+8, 2t+8..); B
+// holds b[0] (k 2t.., col g) and b[1] (k 2t+8.., col g). Two accumulators of
+// adjacent 8-column blocks therefore form the A operand of the next product
+// directly (the probabilities never leave registers).
+//
+// Shared-memory tiles are row-major with a pitch of DP + 8 elements: rows
+// start 16 bytes apart modulo 128, so the 8 row addresses of every ldmatrix
+// hit distinct banks.
+#ifndef INFINICP_KERNELS_CUDA_MMA_CUH
+#define INFINICP_KERNELS_CUDA_MMA_CUH
+
+#include "common.cuh"
+
+namespace cu {
+namespace mma {
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                         uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// Four 8x8 matrices; lanes 8m..8m+7 give the row addresses of matrix m.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void cp_async_wait_all()
+{
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// 2^x with the hardware approximation (rel. error ~2^-22, far below the
+// 16-bit rounding the probabilities get next); 2^-inf = 0.
+__device__ __forceinline__ float exp2_fast(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Rows [r0, r0 + R) of head h of t, columns [0, dim), into an R x DP tile;
+// everything outside is zero. With vec, 16-byte cp.async copies (commit and
+// wait are the caller's); otherwise element by element.
+template <typename T, int R, int DP>
+__device__ __forceinline__ void load_tile(T *dst, const tensor &t, int64_t b, int64_t r0, int64_t n, int h,
+                                          int dim, int vec)
+{
+    constexpr int PITCH = DP + 8, CH = DP / 8;
+    const T *src = static_cast<const T *>(t.p);
+    if (vec) {
+        for (int e = threadIdx.x; e < R * CH; e += blockDim.x) {
+            const int r = e / CH, c = e % CH;
+            T *d = dst + r * PITCH + c * 8;
+            const int64_t row = r0 + r;
+            if (row < n && c * 8 < dim)
+                cp_async16(d, src + at(t, b, row, h) + c * 8);
+            else
+                *reinterpret_cast<uint4 *>(d) = make_uint4(0, 0, 0, 0);
+        }
+    } else {
+        for (int e = threadIdx.x; e < R * DP; e += blockDim.x) {
+            const int r = e / DP, c = e % DP;
+            const int64_t row = r0 + r;
+            dst[r * PITCH + c] = row < n && c < dim ? src[at(t, b, row, h) + c] : T(0.0f);
+        }
+    }
+}
+
+// A operand (16 rows from row0 of the tile, k columns [k0, k0 + 16)).
+template <int PITCH, typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T *tile, int row0, int k0, int lane)
+{
+    ldsm_x4(a, tile + (row0 + (lane & 15)) * PITCH + k0 + (lane >> 4) * 8);
+}
+
+// B operands of two 8-column blocks [n0, n0 + 16) for k [k0, k0 + 16), from a
+// tile stored [n][k] (k contiguous): b[0], b[1] for n0, b[2], b[3] for n0 + 8.
+template <int PITCH, typename T>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T *tile, int n0, int k0, int lane)
+{
+    ldsm_x4(b, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * PITCH + k0 + ((lane >> 3) & 1) * 8);
+}
+
+// The same from a tile stored [k][n] (n contiguous), through the transposing load.
+template <int PITCH, typename T>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T *tile, int n0, int k0, int lane)
+{
+    ldsm_x4_t(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH + n0 + (lane >> 4) * 8);
+}
+
+// Accumulators s[2k], s[2k+1] (a 16 x 16 block in C layout) as an A operand.
+template <typename T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4])
+{
+    a[0] = pack2<T>(lo[0], lo[1]);
+    a[1] = pack2<T>(lo[2], lo[3]);
+    a[2] = pack2<T>(hi[0], hi[1]);
+    a[3] = pack2<T>(hi[2], hi[3]);
+}
+
+// Padded head dim the kernels are compiled for: 64, 128 or 256 (0 = none).
+inline int padded_dim(int D, int Dv)
+{
+    const int m = D > Dv ? D : Dv;
+    return m <= 64 ? 64 : m <= 128 ? 128 : m <= 256 ? 256 : 0;
+}
+
+// Tile shapes. Forward: 4 warps of 16 * MT query rows against BK keys. For
+// head dim 128 two row tiles per warp share every K / V fragment loaded from
+// shared memory, halving that traffic per product: +20-25% on an H200
+// (docs/GPU-TESTING.md). For 64 the doubled registers cost more than that
+// saves (-10%), and 256 has no registers to spare. INFINICP_CUDA_FWD_MT=1
+// selects one tile for 128 too (tuning).
+__host__ __device__ constexpr int fwd_mt(int DP) { return DP == 128 ? 2 : 1; }
+__host__ __device__ constexpr int fwd_bk(int DP) { return DP == 256 ? 32 : 64; }
+// dK/dV: 64 key rows against BQ query rows; for DP = 256 the accumulators
+// are split into column chunks of 128 (one block per chunk).
+constexpr int DKDV_BK = 64;
+__host__ __device__ constexpr int dkdv_bq(int DP) { return DP == 64 ? 64 : 32; }
+__host__ __device__ constexpr int dkdv_dc(int DP) { return DP == 256 ? 128 : DP; }
+// dQ: 64 query rows against BK keys.
+constexpr int DQ_BQ = 64;
+__host__ __device__ constexpr int dq_bk(int DP) { return DP == 256 ? 32 : 64; }
+
+inline int tile_bytes(int rows, int DP)
+{
+    return rows * (DP + 8) * 2;
+}
+inline int fwd_smem(int DP, int MT)
+{
+    return tile_bytes(64 * MT + 2 * fwd_bk(DP), DP);
+}
+inline int dkdv_smem(int DP)
+{
+    return tile_bytes(2 * DKDV_BK + 2 * dkdv_bq(DP), DP) + 2 * dkdv_bq(DP) * 4;
+}
+inline int dq_smem(int DP)
+{
+    return tile_bytes(2 * DQ_BQ + 2 * dq_bk(DP), DP);
+}
+
+} // namespace mma
+} // namespace cu
+
+#endif

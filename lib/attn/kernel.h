@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: MIT */
+/* Argument checking of the single-device kernels, shared by the public
+ * cp_kernel_* functions and the CP modes that call the backend directly. */
+#ifndef INFINICP_ATTN_KERNEL_H
+#define INFINICP_ATTN_KERNEL_H
+
+#include "core/internal.h"
+
+/* What cpi_kernel_attn_args_check() requires. */
+typedef enum {
+    CPI_KERNEL_SIZE_ONLY = 0, /* shapes, types and strides; data pointers may be NULL */
+    CPI_KERNEL_FORWARD = 1,   /* + the forward's pointers */
+    CPI_KERNEL_BACKWARD = 2   /* + the backward's pointers and gradient fields */
+} cpi_kernel_use;
+
+/*
+ * Validate *a for `use` (naming `func` in messages) and store in *out the
+ * normalised copy every backend receives: struct_size = sizeof, head_dim_v
+ * and softmax_scale filled in, and every tensor's (and the LSE's) zero
+ * strides replaced by the dense strides of `format`. `backward_fields` says
+ * whether the gradient tensors' shapes are checked when sizing.
+ */
+cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args *a, cpi_kernel_use use,
+                                     int backward_fields, cp_kernel_attn_args *out);
+
+/* The same for cp_kernel_merge(). */
+cp_status cpi_kernel_merge_args_check(const char *func, const cp_kernel_merge_args *a,
+                                      cp_kernel_merge_args *out);
+
+#endif

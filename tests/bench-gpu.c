@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Throughput of the CUDA backend's block attention (not a test): forward and
+ * backward on random data, 16k tokens per call, FLOPs counted as
+ * FlashAttention counts them (4 B H Sq Sk D forward, halved when causal;
+ * backward 2.5x the forward). Each entry is the median of several timed runs
+ * after a warm-up. Usage: bench-gpu [reps]
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/context.h"
+
+static const cp_backend_ops *ops;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void *dev(void *st, size_t bytes)
+{
+    void *p;
+    if (ops->alloc(st, bytes, &p) != CP_SUCCESS) {
+        fprintf(stderr, "alloc: %s\n", cp_last_error());
+        exit(1);
+    }
+    return p;
+}
+
+/* Random values in [-1, 1] of type t (bf16 / f16 as raw bits via f32). */
+static void *random_buffer(void *st, size_t n, cp_dtype t, uint64_t seed)
+{
+    float *h = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        h[i] = (float)((double)(seed >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+    }
+    void *f = dev(st, n * 4), *out = dev(st, n * (t == CP_DTYPE_F32 ? 4 : 2));
+    ops->copy_2d(st, f, n * 4, h, n * 4, n * 4, 1, CP_COPY_HOST_TO_DEVICE);
+    ops->convert(st, out, t, f, CP_DTYPE_F32, n);
+    ops->synchronize(st);
+    ops->free(st, f);
+    free(h);
+    return out;
+}
+
+typedef struct shape {
+    int B, H, D;
+    int64_t S;
+    int causal;
+} shape;
+
+static double time_call(void *st, int backward, cp_kernel_attn_args *a, int reps)
+{
+    double t[32];
+    for (int r = -1; r < reps; r++) {
+        double t0 = now();
+        cp_status s = backward ? ops->attn_backward(st, a) : ops->attn_forward(st, a);
+        if (s == CP_SUCCESS)
+            s = ops->synchronize(st);
+        if (s != CP_SUCCESS) {
+            fprintf(stderr, "%s: %s\n", backward ? "backward" : "forward", cp_last_error());
+            exit(1);
+        }
+        if (r >= 0)
+            t[r] = now() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return t[reps / 2];
+}
+
+static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *q, void *k, void *v, void *o,
+                void *dout, void *dq, void *dk, void *dv, float *lse, int reps)
+{
+    cp_kernel_attn_args a = CP_KERNEL_ATTN_ARGS_INIT;
+    a.dtype = dt;
+    a.format = CP_FORMAT_BSHD;
+    a.batch = sh->B;
+    a.num_heads = a.num_kv_heads = sh->H;
+    a.head_dim = a.head_dim_v = sh->D;
+    a.seq_q = a.seq_k = sh->S;
+    a.mask = sh->causal ? CP_MASK_CAUSAL : CP_MASK_NONE;
+    a.softmax_scale = 1.0 / sqrt((double)sh->D);
+    a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse, a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv;
+    a.o_dtype = a.grad_dtype = dt;
+    size_t wf = 0, wb = 0;
+    ops->attn_workspace_size(st, &a, 0, &wf);
+    ops->attn_workspace_size(st, &a, 1, &wb);
+    void *ws = dev(st, (wf > wb ? wf : wb) + 1);
+    a.workspace = ws;
+    a.workspace_bytes = wf > wb ? wf : wb;
+    double flops = 4.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * sh->D * (sh->causal ? 0.5 : 1.0);
+    double tf = time_call(st, 0, &a, reps), tb = time_call(st, 1, &a, reps);
+    printf("%-8s %-5s B=%d H=%-2d D=%-3d S=%-6lld %-6s fwd %8.3f ms %7.1f TFLOP/s   bwd %8.3f ms %7.1f TFLOP/s\n",
+           path, dt == CP_DTYPE_BF16 ? "bf16" : dt == CP_DTYPE_F16 ? "f16" : "f32", sh->B, sh->H, sh->D,
+           (long long)sh->S, sh->causal ? "causal" : "full", tf * 1e3, flops / tf * 1e-12, tb * 1e3,
+           2.5 * flops / tb * 1e-12);
+    fflush(stdout);
+    ops->free(st, ws);
+}
+
+static void *open_path(const char *path)
+{
+    if (path)
+        setenv("INFINICP_CUDA_ATTN", path, 1);
+    else
+        unsetenv("INFINICP_CUDA_ATTN");
+    void *st = NULL;
+    if (ops->open(0, NULL, 0, &st) != CP_SUCCESS) {
+        fprintf(stderr, "open: %s\n", cp_last_error());
+        exit(1);
+    }
+    return st;
+}
+
+int main(int argc, char **argv)
+{
+    int reps = argc > 1 ? atoi(argv[1]) : 5;
+    if (reps < 1 || reps > 32)
+        reps = 5;
+    if (cpi_backend_for(CP_DEVICE_CUDA, &ops) != CP_SUCCESS) {
+        fprintf(stderr, "no CUDA module: %s\n", cp_last_error());
+        return 1;
+    }
+    void *st = open_path(NULL), *blas = open_path("cublas"), *simt = open_path("simt");
+    setenv("INFINICP_CUDA_FWD_MT", "1", 1);
+    void *mt1 = open_path(NULL);
+    unsetenv("INFINICP_CUDA_FWD_MT");
+    const size_t n = (size_t)16384 * 16 * 128; /* 16k tokens x 2048 values, every shape below */
+    void *q = random_buffer(st, n, CP_DTYPE_BF16, 1), *k = random_buffer(st, n, CP_DTYPE_BF16, 2);
+    void *v = random_buffer(st, n, CP_DTYPE_BF16, 3), *dout = random_buffer(st, n, CP_DTYPE_BF16, 4);
+    void *o = dev(st, n * 2), *dq = dev(st, n * 2), *dk = dev(st, n * 2), *dv = dev(st, n * 2);
+    float *lse = dev(st, (size_t)16384 * 32 * 4);
+    const shape shapes[] = {
+        {4, 16, 128, 4096, 0}, {4, 16, 128, 4096, 1}, {2, 16, 128, 8192, 1}, {1, 16, 128, 16384, 0},
+        {1, 16, 128, 16384, 1}, {4, 32, 64, 4096, 1},  {1, 32, 64, 16384, 1}, {4, 8, 256, 4096, 1},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        run(st, "mma", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    /* the forward with one row tile per warp, for comparison */
+    run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[1], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[4], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[6], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    const shape small = {1, 16, 128, 4096, 1};
+    run(blas, "cublas", CP_DTYPE_BF16, &small, q, k, v, o, dout, dq, dk, dv, lse, reps);
+    run(simt, "simt", CP_DTYPE_BF16, &small, q, k, v, o, dout, dq, dk, dv, lse, 3);
+    /* F32 (exact path): the bf16 buffers reinterpreted hold half as many floats */
+    const shape f32 = {1, 8, 128, 4096, 1};
+    void *qf = random_buffer(st, n / 2, CP_DTYPE_F32, 5), *kf = random_buffer(st, n / 2, CP_DTYPE_F32, 6);
+    void *vf = random_buffer(st, n / 2, CP_DTYPE_F32, 7), *df = random_buffer(st, n / 2, CP_DTYPE_F32, 8);
+    run(st, "simt", CP_DTYPE_F32, &f32, qf, kf, vf, o, df, dq, dk, dv, lse, 3);
+    run(blas, "cublas", CP_DTYPE_F32, &f32, qf, kf, vf, o, df, dq, dk, dv, lse, 3);
+    return 0;
+}
