@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "core/context.h"
+
 cp_attn_desc cprun_desc(const cpref_shape *sh, cp_dtype dtype, cp_format format, cp_layout layout, cp_mode mode)
 {
     cp_attn_desc d = CP_ATTN_DESC_INIT;
@@ -26,8 +28,28 @@ static size_t nelem(const cpref_shape *sh, int64_t tokens, int heads, int dim)
     return (size_t)sh->B * (size_t)tokens * (size_t)heads * (size_t)dim;
 }
 
-cp_status cprun_rank(cp_attn_plan *p, const cpref_data *d, const cp_attn_desc *desc, int P, int rank,
-                     int own_workspace, cpref_result *into, const char **what)
+/* Buffers of the plan's device, through its backend (host memory on the CPU). */
+static void *dev_alloc(cp_context *ctx, size_t bytes)
+{
+    void *p = NULL;
+    return ctx->ops->alloc(ctx->state, bytes ? bytes : 1, &p) == CP_SUCCESS ? p : NULL;
+}
+
+static cp_status to_dev(cp_context *ctx, void *dst, const void *src, size_t bytes)
+{
+    cp_copy_kind k = ctx->device == CP_DEVICE_CPU ? CP_COPY_HOST_TO_HOST : CP_COPY_HOST_TO_DEVICE;
+    return ctx->ops->copy_2d(ctx->state, dst, bytes, src, bytes, bytes, 1, k);
+}
+
+static cp_status to_host(cp_context *ctx, void *dst, const void *src, size_t bytes)
+{
+    cp_copy_kind k = ctx->device == CP_DEVICE_CPU ? CP_COPY_HOST_TO_HOST : CP_COPY_DEVICE_TO_HOST;
+    cp_status s = ctx->ops->copy_2d(ctx->state, dst, bytes, src, bytes, bytes, 1, k);
+    return s == CP_SUCCESS ? ctx->ops->synchronize(ctx->state) : s;
+}
+
+cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, const cp_attn_desc *desc, int P,
+                     int rank, int own_workspace, cpref_result *into, const char **what)
 {
     const cpref_shape *sh = &d->sh;
     const cp_layout l = desc->layout;
@@ -40,35 +62,50 @@ cp_status cprun_rank(cp_attn_plan *p, const cpref_data *d, const cp_attn_desc *d
         return s;
     const int64_t n = sh->S / P;
     const size_t es = cpref_dtype_size(t);
-    /* q k v out dout dq dk dv */
-    const size_t count[8] = { nelem(sh, n, sh->H, sh->D),   nelem(sh, n, sh->Hkv, sh->D), nelem(sh, n, sh->Hkv, sh->Dv),
-                              nelem(sh, n, sh->H, sh->Dv),  nelem(sh, n, sh->H, sh->Dv),  nelem(sh, n, sh->H, sh->D),
-                              nelem(sh, n, sh->Hkv, sh->D), nelem(sh, n, sh->Hkv, sh->Dv) };
-    void *b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = malloc(count[i] * es);
-    float *lse = malloc((size_t)sh->B * (size_t)sh->H * (size_t)n * sizeof *lse);
-    void *ws = own_workspace ? NULL : malloc((wf > wb ? wf : wb) + 1);
-    cpref_shard(sh, l, P, rank, f, t, d->q, sh->H, sh->D, b[0]);
-    cpref_shard(sh, l, P, rank, f, t, d->k, sh->Hkv, sh->D, b[1]);
-    cpref_shard(sh, l, P, rank, f, t, d->v, sh->Hkv, sh->Dv, b[2]);
-    cpref_shard(sh, l, P, rank, f, t, d->dout, sh->H, sh->Dv, b[4]);
-    *what = "cp_attn_forward";
-    s = cp_attn_forward(p, b[0], b[1], b[2], b[3], lse, ws, wf);
+    /* q k v out dout dq dk dv, then lse */
+    const size_t bytes[9] = { nelem(sh, n, sh->H, sh->D) * es,   nelem(sh, n, sh->Hkv, sh->D) * es,
+                              nelem(sh, n, sh->Hkv, sh->Dv) * es, nelem(sh, n, sh->H, sh->Dv) * es,
+                              nelem(sh, n, sh->H, sh->Dv) * es,  nelem(sh, n, sh->H, sh->D) * es,
+                              nelem(sh, n, sh->Hkv, sh->D) * es, nelem(sh, n, sh->Hkv, sh->Dv) * es,
+                              nelem(sh, n, sh->H, 1) * sizeof(float) };
+    void *h[9], *b[9];
+    for (int i = 0; i < 9; i++) {
+        h[i] = malloc(bytes[i]);
+        b[i] = dev_alloc(ctx, bytes[i]);
+    }
+    void *ws = own_workspace ? NULL : dev_alloc(ctx, wf > wb ? wf : wb);
+    cpref_shard(sh, l, P, rank, f, t, d->q, sh->H, sh->D, h[0]);
+    cpref_shard(sh, l, P, rank, f, t, d->k, sh->Hkv, sh->D, h[1]);
+    cpref_shard(sh, l, P, rank, f, t, d->v, sh->Hkv, sh->Dv, h[2]);
+    cpref_shard(sh, l, P, rank, f, t, d->dout, sh->H, sh->Dv, h[4]);
+    *what = "copy to the device";
+    for (int i = 0; i < 5 && s == CP_SUCCESS; i++)
+        if (i != 3)
+            s = to_dev(ctx, b[i], h[i], bytes[i]);
+    if (s == CP_SUCCESS) {
+        *what = "cp_attn_forward";
+        s = cp_attn_forward(p, b[0], b[1], b[2], b[3], b[8], ws, wf);
+    }
     if (s == CP_SUCCESS) {
         *what = "cp_attn_backward";
-        s = cp_attn_backward(p, b[0], b[1], b[2], b[3], lse, b[4], b[5], b[6], b[7], ws, wb);
+        s = cp_attn_backward(p, b[0], b[1], b[2], b[3], b[8], b[4], b[5], b[6], b[7], ws, wb);
     }
+    *what = s == CP_SUCCESS ? "copy to the host" : *what;
+    for (int i = 3; i < 9 && s == CP_SUCCESS; i++)
+        if (i != 4)
+            s = to_host(ctx, h[i], b[i], bytes[i]);
     if (s == CP_SUCCESS && into) {
-        cpref_unshard(sh, l, P, rank, f, t, b[3], sh->H, sh->Dv, into->out);
-        cpref_unshard_lse(sh, l, P, rank, lse, into->lse);
-        cpref_unshard(sh, l, P, rank, f, t, b[5], sh->H, sh->D, into->dq);
-        cpref_unshard(sh, l, P, rank, f, t, b[6], sh->Hkv, sh->D, into->dk);
-        cpref_unshard(sh, l, P, rank, f, t, b[7], sh->Hkv, sh->Dv, into->dv);
+        cpref_unshard(sh, l, P, rank, f, t, h[3], sh->H, sh->Dv, into->out);
+        cpref_unshard_lse(sh, l, P, rank, h[8], into->lse);
+        cpref_unshard(sh, l, P, rank, f, t, h[5], sh->H, sh->D, into->dq);
+        cpref_unshard(sh, l, P, rank, f, t, h[6], sh->Hkv, sh->D, into->dk);
+        cpref_unshard(sh, l, P, rank, f, t, h[7], sh->Hkv, sh->Dv, into->dv);
     }
-    for (int i = 0; i < 8; i++)
-        free(b[i]);
-    free(lse);
-    free(ws);
+    for (int i = 0; i < 9; i++) {
+        free(h[i]);
+        ctx->ops->free(ctx->state, b[i]);
+    }
+    if (ws)
+        ctx->ops->free(ctx->state, ws);
     return s;
 }

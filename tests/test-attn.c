@@ -24,6 +24,14 @@
 #include "cprun.h"
 #include "testutil.h"
 
+/* CPU, or CUDA for the GPU build of this suite (test-gpu-attn): every rank
+ * a thread with its own context on device 0, all sharing the one GPU. */
+#ifdef CPRUN_CUDA
+static const cp_device test_device = CP_DEVICE_CUDA;
+#else
+static const cp_device test_device = CP_DEVICE_CPU;
+#endif
+
 typedef struct run_cfg {
     cp_mode mode;
     cp_layout layout;
@@ -73,6 +81,7 @@ static void *rank_main(void *arg)
 
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 1;
+    cc.device = test_device;
     cp_status s = cp_context_create(&cc, &ctx);
     if (s != CP_SUCCESS) {
         record(j, s, "cp_context_create");
@@ -112,7 +121,7 @@ static void *rank_main(void *arg)
         cp_attn_workspace_size(plan, &j->o->ws_fwd, &j->o->ws_bwd);
     /* The library's own workspace on some ranks, the caller's on others. */
     const char *what = "";
-    s = cprun_rank(plan, d, &desc, P, r, (r + (int)c->mode) % 2, color == 0 ? &j->o->g : NULL, &what);
+    s = cprun_rank(ctx, plan, d, &desc, P, r, (r + (int)c->mode) % 2, color == 0 ? &j->o->g : NULL, &what);
     if (s != CP_SUCCESS)
         record(j, s, what);
 out:
@@ -591,6 +600,17 @@ static void test_bad_arguments(void **state)
 
 int main(void)
 {
+    if (test_device != CP_DEVICE_CPU) {
+        cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+        cc.device = test_device;
+        cp_context *ctx = NULL;
+        cp_status s = cp_context_create(&cc, &ctx);
+        cp_context_destroy(ctx);
+        if (s != CP_SUCCESS) {
+            printf("SKIP: no usable CUDA device for the CP suite: %s (%s)\n", cp_last_error(), cp_status_string(s));
+            return 77;
+        }
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_mismatched_descriptors),

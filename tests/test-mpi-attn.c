@@ -64,7 +64,7 @@ static cp_status run(cp_group *g, const cpref_data *d, const cfg *c, cpref_resul
     cp_status s = cp_attn_plan_create(g, &desc, &p);
     const char *what = "cp_attn_plan_create";
     if (s == CP_SUCCESS)
-        s = cprun_rank(p, d, &desc, P, rank, 1, r, &what);
+        s = cprun_rank(ctx, p, d, &desc, P, rank, 1, r, &what);
     cp_attn_plan_destroy(p);
     return s;
 }

@@ -63,6 +63,7 @@ cp_status make_params(const cp_kernel_attn_args *a, int backward, const char *fu
     p->odt = a->o_dtype;
     p->gdt = a->grad_dtype;
     p->accumulate = a->accumulate;
+    p->lse_lo = a->accumulate ? a->lse_lo : nullptr;
     p->grad_accumulate = a->grad_accumulate;
 
     const int64_t B = p->B;

@@ -136,9 +136,10 @@ __global__ void fwd_store_kernel(attn_params p, int64_t b, int h, int64_t r0, in
     if (i >= rows)
         return;
     const int64_t qi = r0 + i;
-    float *lse = p.lse + b * p.lsb + h * p.lsh + qi;
-    float w1 = 0.0f, w2 = 1.0f, merged = lsec[i];
-    const bool add = !p.accumulate || merge_weights(*lse, lsec[i], &w1, &w2, &merged);
+    const int64_t li = b * p.lsb + h * p.lsh + qi;
+    float w1 = 0.0f, w2 = 1.0f;
+    double merged = lsec[i];
+    const bool add = !p.accumulate || merge_weights(p.lse[li], lse_lo_at(p, li), lsec[i], &w1, &w2, &merged);
     __syncwarp();
     if (!add)
         return;
@@ -146,7 +147,7 @@ __global__ void fwd_store_kernel(attn_params p, int64_t b, int h, int64_t r0, in
     for (int d = lane; d < p.Dv; d += 32)
         store_merged(const_cast<void *>(p.o.p), p.odt, o + d, Oc[i * p.Dv + d], w1, w2);
     if (lane == 0)
-        *lse = merged;
+        store_lse(p, li, merged);
 }
 
 // Element-wise backward of a chunk: P from the LSE, dS = scale P (dP - D).

@@ -149,13 +149,15 @@ __global__ void __launch_bounds__(128) fwd_mma_kernel(attn_params p)
     }
 
     // normalise and write, or merge into the running (o, lse)
-    float old[MT][2];
+    float old[MT][2], old_lo[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int64_t i = row0 + mt * 16 + r * 8;
-            old[mt][r] = p.accumulate && i < p.Sq ? p.lse[b * p.lsb + h * p.lsh + i] : 0.0f;
+            const bool rd = p.accumulate && i < p.Sq;
+            old[mt][r] = rd ? p.lse[b * p.lsb + h * p.lsh + i] : 0.0f;
+            old_lo[mt][r] = rd ? lse_lo_at(p, b * p.lsb + h * p.lsh + i) : 0.0f;
         }
     __syncwarp(); // the quad has read the running LSE before lane tq = 0 writes it
     void *op = const_cast<void *>(p.o.p);
@@ -167,12 +169,13 @@ __global__ void __launch_bounds__(128) fwd_mma_kernel(attn_params p)
             const float lt = quad_sum(l[mt][r]);
             if (i >= p.Sq)
                 continue;
-            const float lse_blk = lt > 0.0f ? (m[mt][r] + log2f(lt)) * LN2 : -INFINITY;
+            const double lse_blk = lt > 0.0f ? ((double)m[mt][r] + log2((double)lt)) * LN2 : -INFINITY;
             const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-            float *lse = p.lse + b * p.lsb + h * p.lsh + i;
+            const int64_t li = b * p.lsb + h * p.lsh + i;
             const int64_t o = at(p.o, b, i, h);
-            float w1 = 0.0f, w2 = 1.0f, merged = lse_blk;
-            if (p.accumulate && !merge_weights(old[mt][r], lse_blk, &w1, &w2, &merged))
+            float w1 = 0.0f, w2 = 1.0f;
+            double merged = lse_blk;
+            if (p.accumulate && !merge_weights(old[mt][r], old_lo[mt][r], lse_blk, &w1, &w2, &merged))
                 continue;
 #pragma unroll
             for (int nb = 0; nb < DP / 8; nb++)
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(128) fwd_mma_kernel(attn_params p)
                         store_merged(op, p.odt, o + d, acc[mt][nb][2 * r + e] * inv, w1, w2);
                 }
             if (tq == 0)
-                *lse = merged;
+                store_lse(p, li, merged);
         }
 }
 

@@ -130,15 +130,16 @@ __global__ void __launch_bounds__(R * TPR) fwd_kernel(attn_params p)
 
     // Rows past the block take part in the warp barrier but write nothing.
     const bool valid = i < p.Sq;
-    const float lse_blk = l > 0.0f ? (m + log2f(l)) * LN2 : -INFINITY;
+    const double lse_blk = l > 0.0f ? ((double)m + log2((double)l)) * LN2 : -INFINITY;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float *lse = p.lse + b * p.lsb + h * p.lsh + i;
+    const int64_t li = b * p.lsb + h * p.lsh + i;
     const int64_t o = valid ? at(p.o, b, i, h) : 0;
     void *op = const_cast<void *>(p.o.p);
-    float w1 = 0.0f, w2 = 1.0f, merged = lse_blk;
+    float w1 = 0.0f, w2 = 1.0f;
+    double merged = lse_blk;
     bool add = valid;
     if (p.accumulate) {
-        add = valid && merge_weights(*lse, lse_blk, &w1, &w2, &merged);
+        add = valid && merge_weights(p.lse[li], lse_lo_at(p, li), lse_blk, &w1, &w2, &merged);
         __syncwarp(); // all lanes of the row have read the running LSE
     }
     if (!add)
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(R * TPR) fwd_kernel(attn_params p)
     for (int dv = c8; dv < Dv; dv += TPR)
         store_merged(op, p.odt, o + dv, Os[r * OP + dv] * inv, w1, w2);
     if (c8 == 0)
-        *lse = merged;
+        store_lse(p, li, merged);
 }
 
 // dK, dV of R key rows (kv head blockIdx.y): all query heads of the group,

@@ -65,6 +65,7 @@ struct tensor {
 struct attn_params {
     tensor q, k, v, o, dout, dq, dk, dv;
     float *lse;
+    float *lse_lo;      // forward accumulate: the running LSE's rounding residual, laid out like lse; or NULL
     int64_t lsb, lsh;   // LSE element (b, h, s) at lse + b*lsb + h*lsh + s
     int B, H, Hkv, G;   // G = H / Hkv query heads per kv head
     int D, Dv;          // head dims of q/k and v/o
@@ -143,7 +144,8 @@ __device__ __forceinline__ float lse2_of(float lse)
 // exactly as the CPU backend (weights in double, the row in fp32). Returns
 // false when x contributes nothing (lse_x = -inf); sets *w1 = 0 when the
 // running result is empty (lse = -inf), so o's old value is never read.
-__device__ __forceinline__ bool merge_weights(float lse, float lse_x, float *w1, float *w2, float *merged)
+__device__ __forceinline__ bool merge_weights(float lse, float lse_lo, double lse_x, float *w1, float *w2,
+                                              double *merged)
 {
     if (lse_x == -INFINITY)
         return false;
@@ -153,12 +155,29 @@ __device__ __forceinline__ bool merge_weights(float lse, float lse_x, float *w1,
         *merged = lse_x;
         return true;
     }
-    double mx = lse > lse_x ? lse : lse_x;
-    double m = mx + log(exp((double)lse - mx) + exp((double)lse_x - mx));
-    *w1 = (float)exp((double)lse - m);
-    *w2 = (float)exp((double)lse_x - m);
-    *merged = (float)m;
+    const double l1 = (double)lse + (double)lse_lo;
+    double mx = l1 > lse_x ? l1 : lse_x;
+    double m = mx + log(exp(l1 - mx) + exp(lse_x - mx));
+    *w1 = (float)exp(l1 - m);
+    *w2 = (float)exp(lse_x - m);
+    *merged = m;
     return true;
+}
+
+// Store a (running) LSE: the float nearest to v, and its residual where the
+// caller keeps one, so that a chain of merges rounds once.
+__device__ __forceinline__ void store_lse(const attn_params &p, int64_t idx, double v)
+{
+    const float hi = (float)v;
+    p.lse[idx] = hi;
+    if (p.lse_lo)
+        p.lse_lo[idx] = v == -INFINITY ? 0.0f : (float)(v - (double)hi);
+}
+
+// The running LSE's residual at idx (0 without one).
+__device__ __forceinline__ float lse_lo_at(const attn_params &p, int64_t idx)
+{
+    return p.lse_lo ? p.lse_lo[idx] : 0.0f;
 }
 
 // Store one output value: o = v (accumulate 0), o += v (grads), or the merged

@@ -61,8 +61,9 @@ __global__ void merge_kernel(cp_kernel_merge_args a)
         const int64_t bs = r / a.num_heads, s = bs % a.seq, b = bs / a.seq;
         float *lse = a.lse + b * a.lse_stride_b + h * a.lse_stride_h + s;
         const float lse_x = a.lse_part[b * a.lse_part_stride_b + h * a.lse_part_stride_h + s];
-        float w1, w2, merged;
-        const bool add = merge_weights(*lse, lse_x, &w1, &w2, &merged);
+        float w1, w2;
+        double merged;
+        const bool add = merge_weights(*lse, 0.0f, lse_x, &w1, &w2, &merged);
         __syncwarp();
         if (!add)
             continue;
@@ -71,7 +72,7 @@ __global__ void merge_kernel(cp_kernel_merge_args a)
         for (int d = lane; d < a.head_dim_v; d += 32)
             store_merged(a.o, a.o_dtype, o + d, ld_f(a.o_part, a.o_part_dtype, x + d), w1, w2);
         if (lane == 0)
-            *lse = merged;
+            *lse = (float)merged;
     }
 }
 

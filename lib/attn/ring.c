@@ -6,7 +6,17 @@
  * while receiving the next from m - 1 (double buffer). Backward: the fp32
  * dK/dV accumulator of each key block travels with it and arrives home after
  * R hops; dQ accumulates locally.
+ *
+ * Overlap, on backends with streams and events: the transfers run on a comm
+ * stream and the attention on a compute stream, ordered by events only, so
+ * step s+1's keys and values travel while step s computes, and the host never
+ * waits inside the ring. One compute stream is enough: the kernel merges
+ * each block into the running result itself (accumulate mode), so the blocks
+ * of a row are a chain whatever stream runs them. Backends without streams
+ * run the same steps in order.
  */
+#include <stdlib.h>
+
 #include "attn/plan.h"
 
 typedef struct ring_bufs {
@@ -33,6 +43,84 @@ static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tenso
     return CP_SUCCESS;
 }
 
+/* Streams and events of the overlap; every call is a no-op on a backend
+ * without them. */
+enum { STREAM_MAIN = 0, STREAM_COMM = 1, STREAM_COMPUTE = 2 };
+
+typedef struct ring_streams {
+    const cp_backend_ops *ops;
+    void *st;
+    int on;
+    void **ev; /* every event created, destroyed at the end */
+    int nev, cap;
+} ring_streams;
+
+static cp_status rs_select(ring_streams *rs, int stream)
+{
+    return rs->on ? rs->ops->stream_select(rs->st, stream) : CP_SUCCESS;
+}
+
+/* An event marking the current end of the current stream (NULL when off). */
+static cp_status rs_mark(ring_streams *rs, void **ev)
+{
+    *ev = NULL;
+    if (!rs->on)
+        return CP_SUCCESS;
+    if (rs->nev == rs->cap)
+        return cpi_error(CP_ERROR_INTERNAL, "ring: more events than planned (%d)", rs->cap);
+    CPI_TRY(rs->ops->event_create(rs->st, ev));
+    rs->ev[rs->nev++] = *ev;
+    return rs->ops->event_record(rs->st, *ev);
+}
+
+static cp_status rs_wait(ring_streams *rs, void *ev)
+{
+    return rs->on && ev ? rs->ops->event_wait(rs->st, ev) : CP_SUCCESS;
+}
+
+/* Start: the comm and compute streams wait for what stream 0 holds. */
+static cp_status rs_begin(cp_attn_plan *p, ring_streams *rs, int events)
+{
+    const cp_backend_ops *o = p->ctx->ops;
+    *rs = (ring_streams){ o, p->ctx->state, 0, NULL, 0, 0 };
+    rs->on = p->R > 1 && CP_BACKEND_HAS(o, stream_select) && CP_BACKEND_HAS(o, event_create) &&
+             CP_BACKEND_HAS(o, event_destroy) && CP_BACKEND_HAS(o, event_record) && CP_BACKEND_HAS(o, event_wait);
+    if (!rs->on)
+        return CP_SUCCESS;
+    rs->cap = events + 1;
+    rs->ev = cpi_calloc((size_t)rs->cap, sizeof *rs->ev);
+    if (!rs->ev)
+        return CP_ERROR_OUT_OF_MEMORY;
+    void *start;
+    CPI_TRY(rs_mark(rs, &start));
+    for (int sidx = STREAM_COMM; sidx <= STREAM_COMPUTE; sidx++) {
+        CPI_TRY(rs_select(rs, sidx));
+        CPI_TRY(rs_wait(rs, start));
+    }
+    return CP_SUCCESS;
+}
+
+/* End (also after a failure): stream 0 waits for the last work of the
+ * others and is current again; the events go. */
+static cp_status rs_end(ring_streams *rs, cp_status s)
+{
+    if (!rs->on)
+        return s;
+    void *last[2] = { NULL, NULL };
+    for (int i = 0; i < 2 && s == CP_SUCCESS; i++) {
+        s = rs_select(rs, i ? STREAM_COMPUTE : STREAM_COMM);
+        if (s == CP_SUCCESS)
+            s = rs_mark(rs, &last[i]);
+    }
+    cp_status t = rs_select(rs, STREAM_MAIN);
+    for (int i = 0; i < 2 && s == CP_SUCCESS; i++)
+        s = rs_wait(rs, last[i]);
+    for (int i = 0; i < rs->nev; i++)
+        rs->ops->event_destroy(rs->st, rs->ev[i]);
+    free(rs->ev);
+    return s != CP_SUCCESS ? s : t;
+}
+
 static int ring_rank(const cp_attn_plan *p)
 {
     return p->ring_rank;
@@ -56,21 +144,31 @@ cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tenso
         return CP_SUCCESS;
 
     const int m = ring_rank(p), R = p->R;
+    ring_streams rs;
+    cp_status s = rs_begin(p, &rs, 2 * R + 2);
     const cpi_tensor *ck = k, *cv = v;
-    for (int s = 0; s < R; s++) {
-        const int src = (m - s + R) % R;
+    void *arrived = NULL, *done = NULL, *done_before = NULL;
+    for (int step = 0; step < R && s == CP_SUCCESS; step++) {
+        const int src = (m - step + R) % R;
         cpi_block_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[m], .tk = &p->sub[src],
                             .o32 = o32, .lse = lse, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
-        CPI_TRY(cpi_attend(p, &io, 0));
-        if (s + 1 < R) {
-            const int nx = s & 1;
-            CPI_TRY(shift(p, ck, &b.k[nx]));
-            CPI_TRY(shift(p, cv, &b.v[nx]));
+        /* compute this step once its keys and values are here */
+        if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, arrived)) || (s = cpi_attend(p, &io, 0)) ||
+            (s = rs_mark(&rs, &done)))
+            break;
+        if (step + 1 < R) {
+            /* meanwhile fetch the next; the buffer it lands in was read by
+             * the previous step's compute */
+            const int nx = step & 1;
+            if ((s = rs_select(&rs, STREAM_COMM)) || (s = rs_wait(&rs, done_before)) ||
+                (s = shift(p, ck, &b.k[nx])) || (s = shift(p, cv, &b.v[nx])) || (s = rs_mark(&rs, &arrived)))
+                break;
             ck = &b.k[nx];
             cv = &b.v[nx];
         }
+        done_before = done;
     }
-    return CP_SUCCESS;
+    return rs_end(&rs, s);
 }
 
 cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
@@ -90,31 +188,42 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
     CPI_TRY(cpi_zero(p, dq32));
     CPI_TRY(cpi_zero(p, cdk));
     CPI_TRY(cpi_zero(p, cdv));
-    for (int s = 0; s < R; s++) {
-        const int src = (m - s + R) % R;
+    ring_streams rs;
+    cp_status s = rs_begin(p, &rs, 3 * R + 2);
+    void *kv_here = NULL, *acc_here = NULL, *done = NULL, *done_before = NULL;
+    for (int step = 0; step < R && s == CP_SUCCESS; step++) {
+        const int src = (m - step + R) % R;
         cpi_block_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[m], .tk = &p->sub[src], .lse = lse,
                             .o = o, .dout = dout, .dq32 = dq32, .dk32 = cdk, .dv32 = cdv,
                             .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
-        CPI_TRY(cpi_attend(p, &io, 1));
+        if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, kv_here)) || (s = rs_wait(&rs, acc_here)) ||
+            (s = cpi_attend(p, &io, 1)) || (s = rs_mark(&rs, &done)))
+            break;
         if (R == 1)
             break;
-        const int nx = s & 1;
-        if (s + 1 < R) {
-            CPI_TRY(shift(p, ck, &b.k[nx]));
-            CPI_TRY(shift(p, cv, &b.v[nx]));
+        const int nx = step & 1;
+        if ((s = rs_select(&rs, STREAM_COMM)))
+            break;
+        if (step + 1 < R) {
+            /* the next keys and values travel while this step computes */
+            if ((s = rs_wait(&rs, done_before)) || (s = shift(p, ck, &b.k[nx])) || (s = shift(p, cv, &b.v[nx])) ||
+                (s = rs_mark(&rs, &kv_here)))
+                break;
             ck = &b.k[nx];
             cv = &b.v[nx];
-            /* the accumulator goes with its block; the incoming one holds the
-             * sums of the members it already visited */
-            CPI_TRY(shift(p, cdk, &b.dk[nx]));
-            CPI_TRY(shift(p, cdv, &b.dv[nx]));
+            /* the accumulator goes with its block once this step has added to
+             * it; the incoming one holds the sums of the members it visited */
+            if ((s = rs_wait(&rs, done)) || (s = shift(p, cdk, &b.dk[nx])) || (s = shift(p, cdv, &b.dv[nx])) ||
+                (s = rs_mark(&rs, &acc_here)))
+                break;
             cdk = &b.dk[nx];
             cdv = &b.dv[nx];
         } else {
             /* last hop: every accumulator arrives home */
-            CPI_TRY(shift(p, cdk, dk32));
-            CPI_TRY(shift(p, cdv, dv32));
+            if ((s = rs_wait(&rs, done)) || (s = shift(p, cdk, dk32)) || (s = shift(p, cdv, dv32)))
+                break;
         }
+        done_before = done;
     }
-    return CP_SUCCESS;
+    return rs_end(&rs, s);
 }
