@@ -167,6 +167,7 @@ render() { # section, page
 }
 render 3 cp_context_create
 render 1 infinicp-bench
+render 7 infinicp
 if echo "$symbols" | grep -qx cp_attn_forward; then
     render 3 cp_attn_forward
 else

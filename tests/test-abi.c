@@ -6,7 +6,8 @@
  *  - every exported symbol has a man page man/<symbol>.3 (or an alias page
  *    that points at one with `.so`), the page renders without warnings, and
  *    its SYNOPSIS carries the header's prototype verbatim (whitespace folded);
- *  - every exported symbol is listed in debian/libinfinicp1.symbols.
+ *  - every exported symbol is listed in debian/libinfinicp1.symbols;
+ *  - the overview page infinicp.7 points at every exported symbol's page.
  *
  *  - every page's EXAMPLE is a whole program: it compiles under
  *    -std=c99 -pedantic -Werror against the public headers, links against the
@@ -382,6 +383,31 @@ static void test_every_symbol_has_a_man_page(void **state)
     sl_free(&protos);
 }
 
+/* infinicp(7) is the map of the manual: it must point at every exported
+ * function's page, so that a new function cannot go unlisted. */
+static void test_overview_page_lists_every_function(void **state)
+{
+    (void)state;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/infinicp.7", man_dir);
+    char *text = read_file(path);
+    assert_non_null(text);
+    strlist exp = {0};
+    exported_symbols(&exp);
+    int bad = 0;
+    for (size_t i = 0; i < exp.n; i++) {
+        char ref[256];
+        snprintf(ref, sizeof ref, ".BR %s (3)", exp.v[i]);
+        if (!strstr(text, ref)) {
+            print_error("infinicp.7 does not point at %s(3) (a \"%s\" line in SEE ALSO)\n", exp.v[i], ref);
+            bad++;
+        }
+    }
+    free(text);
+    sl_free(&exp);
+    assert_int_equal(bad, 0);
+}
+
 static void test_man_pages_lint_clean(void **state)
 {
     (void)state;
@@ -594,6 +620,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_version_script_matches_headers),
         cmocka_unit_test(test_debian_symbols_match),
         cmocka_unit_test(test_every_symbol_has_a_man_page),
+        cmocka_unit_test(test_overview_page_lists_every_function),
         cmocka_unit_test(test_man_pages_lint_clean),
         cmocka_unit_test(test_man_examples_build_and_run),
     };

@@ -800,6 +800,134 @@ cp_status cp_kernel_attn_workspace_size(cp_context *ctx, const cp_kernel_attn_ar
 cp_status cp_kernel_merge(cp_context *ctx, const cp_kernel_merge_args *a);
 
 /* ------------------------------------------------------------------------ */
+/* Training helpers                                                         */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Reduce a per-rank (loss sum, token count) pair to the global mean
+ *        loss (collective over @p comm).
+ *
+ * Under CP each rank holds a slice of every sequence, so its own mean loss
+ * is not the model's loss: the global mean is the sum of all ranks' loss
+ * sums over the sum of their token counts. Pass the CP communicator for the
+ * loss of one DP replica, or the DPxCP communicator (see
+ * cp_topology_color()) for the loss of the whole global batch. Both numbers
+ * are summed in double precision, so the result does not depend on how the
+ * tokens are split. Every rank takes part even with a bad argument, so that
+ * its peers fail at once instead of waiting for it.
+ * @param ctx the context whose device the three-number exchange goes
+ *        through; NULL = host memory (enough for the local and MPI
+ *        transports; a transport that moves only device memory needs the
+ *        device's context).
+ * @param comm the communicator.
+ * @param loss_sum this rank's summed (not averaged) loss; a NaN or infinity
+ *        propagates to @p mean on every rank.
+ * @param tokens the number of tokens @p loss_sum covers, in [0, 2^53].
+ * @param mean receives the global mean loss: 0 when no rank has tokens.
+ * @param total_tokens receives the global token count (the divisor the
+ *        backward pass scales the loss gradient by); may be NULL.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL @p comm or
+ *         @p mean, a token count out of range or a total over 2^53;
+ *         #CP_ERROR_MISMATCH on the ranks whose own arguments were valid
+ *         when another rank's were not; #CP_ERROR_TIMEOUT, #CP_ERROR_COMM,
+ *         #CP_ERROR_BACKEND or #CP_ERROR_OUT_OF_MEMORY. On failure
+ *         @p *mean is NaN and @p *total_tokens is 0.
+ */
+cp_status cp_loss_reduce(cp_context *ctx, cp_comm *comm, double loss_sum, int64_t tokens, double *mean,
+                         int64_t *total_tokens);
+
+/** How cp_grad_all_reduce() combines the ranks' gradients. */
+typedef enum cp_grad_reduce {
+    CP_GRAD_SUM = 0,    /**< the sum over ranks */
+    CP_GRAD_AVERAGE = 1 /**< the sum divided by the communicator size */
+} cp_grad_reduce;
+
+/** Bucket size cp_grad_all_reduce() uses when its bucket_bytes is 0: 4 MiB. */
+#define CP_GRAD_BUCKET_BYTES_DEFAULT ((size_t)4 << 20)
+
+/**
+ * @brief All-reduce a gradient buffer in place, bucket by bucket
+ *        (collective over @p comm).
+ *
+ * Parameters that are replicated over data and context parallelism get a
+ * partial gradient on every rank of their DPxCP group (each rank saw other
+ * tokens); the sum over that group is the full gradient. Make the group's
+ * communicator with cp_topology_color(t, rank, CP_AXIS_DP | CP_AXIS_CP, ...)
+ * and cp_comm_split() (or MPI_Comm_split()).
+ *
+ * The buffer is reduced in consecutive buckets of @p bucket_bytes, one
+ * all-reduce each, so the only memory taken besides the buffer is
+ * O(bucket): for F16 and BF16 a bucket is widened to F32, summed in F32
+ * over the ranks and rounded back once, whatever the transport does with
+ * 16-bit types; F32 and F64 buckets are summed in their own type, in place.
+ * #CP_GRAD_AVERAGE divides the sum by the communicator size before that
+ * rounding (on a device other than the CPU through a host copy of the
+ * bucket). Every rank passes the same count, dtype, op and bucket size;
+ * they are compared first, so ranks that disagree fail with
+ * #CP_ERROR_MISMATCH instead of waiting for each other.
+ * @param ctx the context whose device holds @p grad; NULL = host memory.
+ * @param comm the communicator.
+ * @param grad @p count elements of @p dtype, replaced by the reduction.
+ * @param count elements; 0 still takes part in the comparison.
+ * @param dtype #CP_DTYPE_F32, #CP_DTYPE_BF16, #CP_DTYPE_F16 or #CP_DTYPE_F64.
+ * @param op #CP_GRAD_SUM or #CP_GRAD_AVERAGE.
+ * @param bucket_bytes bytes of @p grad per all-reduce, at least one
+ *        element; 0 = #CP_GRAD_BUCKET_BYTES_DEFAULT.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL @p comm, a
+ *         NULL @p grad with a non-zero count, a bad dtype or op, a bucket
+ *         smaller than one element or a count whose bytes overflow;
+ *         #CP_ERROR_MISMATCH when ranks pass different arguments (or
+ *         another rank's were invalid); #CP_ERROR_TIMEOUT, #CP_ERROR_COMM,
+ *         #CP_ERROR_BACKEND or #CP_ERROR_OUT_OF_MEMORY. After a failure
+ *         during the reduction the buffer's content is unspecified.
+ */
+cp_status cp_grad_all_reduce(cp_context *ctx, cp_comm *comm, void *grad, size_t count, cp_dtype dtype,
+                             cp_grad_reduce op, size_t bucket_bytes);
+
+/** Flag of cp_stage_shape(): the sequence is split over TP too (Megatron's sequence parallelism). */
+#define CP_STAGE_SEQUENCE_PARALLEL 1u
+
+/**
+ * @brief Tokens of one sequence that each rank holds under CP.
+ *
+ * seq_len / cp, where the layout requires seq_len to be a multiple of cp
+ * (#CP_LAYOUT_CONTIGUOUS) or of 2*cp (#CP_LAYOUT_ZIGZAG). Pure arithmetic.
+ * @param t the topology (its cp size is used).
+ * @param d the attention descriptor (seq_len and layout are used; its
+ *        struct_size is honoured).
+ * @param local_seq_len receives the local length; 0 on failure.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT (NULL pointer, bad
+ *         struct_size, seq_len < 1, unknown layout, or seq_len not
+ *         divisible as the layout requires).
+ */
+cp_status cp_seq_local_len(const cp_topology *t, const cp_attn_desc *d, int64_t *local_seq_len);
+
+/**
+ * @brief Shape and size of the activation a rank sends to the next pipeline
+ *        stage under CP (the hidden states between two layers).
+ *
+ * The tensor holds batch sequences of local tokens of @p hidden values in
+ * the descriptor's dtype: local = seq_len / cp, further divided by tp with
+ * #CP_STAGE_SEQUENCE_PARALLEL. In #CP_FORMAT_BSHD order the shape is
+ * [batch, local, hidden]; in #CP_FORMAT_SBHD order [local, batch, hidden].
+ * Both pipeline neighbours compute the same shape, so they can post their
+ * receives without exchanging it. Pure arithmetic.
+ * @param t the topology (cp and tp sizes are used).
+ * @param d the attention descriptor (batch, seq_len, layout, format and
+ *        dtype are used; its struct_size is honoured).
+ * @param hidden values per token, >= 1.
+ * @param flags 0 or #CP_STAGE_SEQUENCE_PARALLEL.
+ * @param shape receives the three dimensions (all 0 on failure).
+ * @param bytes receives the tensor's size in bytes; may be NULL.
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT (as cp_seq_local_len(),
+ *         and a batch or hidden below 1, a bad format or dtype, unknown
+ *         flags, a local length that tp does not divide, or a size that
+ *         overflows).
+ */
+cp_status cp_stage_shape(const cp_topology *t, const cp_attn_desc *d, int64_t hidden, unsigned flags,
+                         int64_t shape[3], size_t *bytes);
+
+/* ------------------------------------------------------------------------ */
 /* Checkpoint metadata                                                      */
 /* ------------------------------------------------------------------------ */
 
