@@ -5,6 +5,10 @@
  * FlashAttention counts them (4 B H Sq Sk D forward, halved when causal;
  * backward 2.5x the forward). Each entry is the median of several timed runs
  * after a warm-up. Usage: bench-gpu [reps]
+ * bench-gpu --csv [reps] times the shapes of bench/bench.sh instead (bf16,
+ * head_dim 64 and 128, 2048 values per token, seq 1k to 32k at 16k tokens
+ * per batch, causal and not) and prints one CSV line per shape:
+ * impl,head_dim,seq,batch,heads,causal,fwd_tflops,bwd_tflops
  */
 #include <math.h>
 #include <stdint.h>
@@ -82,6 +86,8 @@ static double time_call(void *st, int backward, cp_kernel_attn_args *a, int reps
     return t[reps / 2];
 }
 
+static int csv; /* print CSV lines instead of the readable report */
+
 static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *q, void *k, void *v, void *o,
                 void *dout, void *dq, void *dk, void *dv, float *lse, int reps)
 {
@@ -104,6 +110,13 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     a.workspace_bytes = wf > wb ? wf : wb;
     double flops = 4.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * sh->D * (sh->causal ? 0.5 : 1.0);
     double tf = time_call(st, 0, &a, reps), tb = time_call(st, 1, &a, reps);
+    if (csv) {
+        printf("infinicp,%d,%lld,%d,%d,%d,%.2f,%.2f\n", sh->D, (long long)sh->S, sh->B, sh->H, sh->causal,
+               flops / tf * 1e-12, 2.5 * flops / tb * 1e-12);
+        fflush(stdout);
+        ops->free(st, ws);
+        return;
+    }
     printf("%-8s %-5s B=%d H=%-2d D=%-3d S=%-6lld %-6s fwd %8.3f ms %7.1f TFLOP/s   bwd %8.3f ms %7.1f TFLOP/s\n",
            path, dt == CP_DTYPE_BF16 ? "bf16" : dt == CP_DTYPE_F16 ? "f16" : "f32", sh->B, sh->H, sh->D,
            (long long)sh->S, sh->causal ? "causal" : "full", tf * 1e3, flops / tf * 1e-12, tb * 1e3,
@@ -128,6 +141,9 @@ static void *open_path(const char *path)
 
 int main(int argc, char **argv)
 {
+    csv = argc > 1 && !strcmp(argv[1], "--csv");
+    if (csv)
+        argc--, argv++;
     int reps = argc > 1 ? atoi(argv[1]) : 5;
     if (reps < 1 || reps > 32)
         reps = 5;
@@ -139,11 +155,21 @@ int main(int argc, char **argv)
     setenv("INFINICP_CUDA_FWD_MT", "1", 1);
     void *mt1 = open_path(NULL);
     unsetenv("INFINICP_CUDA_FWD_MT");
-    const size_t n = (size_t)16384 * 16 * 128; /* 16k tokens x 2048 values, every shape below */
+    /* 16k tokens x 2048 values, every shape below; 32k for the CSV shapes */
+    const size_t n = (size_t)(csv ? 32768 : 16384) * 16 * 128;
     void *q = random_buffer(st, n, CP_DTYPE_BF16, 1), *k = random_buffer(st, n, CP_DTYPE_BF16, 2);
     void *v = random_buffer(st, n, CP_DTYPE_BF16, 3), *dout = random_buffer(st, n, CP_DTYPE_BF16, 4);
     void *o = dev(st, n * 2), *dq = dev(st, n * 2), *dk = dev(st, n * 2), *dv = dev(st, n * 2);
-    float *lse = dev(st, (size_t)16384 * 32 * 4);
+    float *lse = dev(st, (size_t)32768 * 32 * 4);
+    if (csv) {
+        for (int D = 64; D <= 128; D *= 2)
+            for (int64_t S = 1024; S <= 32768; S *= 2)
+                for (int causal = 0; causal < 2; causal++) {
+                    const shape sh = { S < 16384 ? (int)(16384 / S) : 1, 2048 / D, D, S, causal };
+                    run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
+                }
+        return 0;
+    }
     const shape shapes[] = {
         {4, 16, 128, 4096, 0}, {4, 16, 128, 4096, 1}, {2, 16, 128, 8192, 1}, {1, 16, 128, 16384, 0},
         {1, 16, 128, 16384, 1}, {4, 32, 64, 4096, 1},  {1, 32, 64, 16384, 1}, {4, 8, 256, 4096, 1},

@@ -7,12 +7,25 @@
 
 #include <infinicp/infinicp.h>
 
+/* How the ranks of a run talk (--transport). */
+typedef enum bench_transport {
+    BENCH_LOCAL,        /* threads of this process, the library's local transport */
+    BENCH_NCCL_THREADS, /* threads of this process, one GPU each, ncclCommInitAll */
+    BENCH_NCCL_FILE,    /* one process per GPU, ncclUniqueId passed through a file */
+} bench_transport;
+
 typedef struct bench_opts {
     int64_t batch, seq;
     int heads, kv_heads, dim;
     cp_dtype dtype;
     cp_mask mask;
     int cp;
+    int cuda;        /* --device cuda */
+    int reps;        /* timed repetitions (median reported) */
+    int timing_only; /* skip the gathers and the comparison with CP=1 */
+    bench_transport transport;
+    int rank, size;           /* this process in a one-process-per-GPU run */
+    const char *nccl_id_file; /* where rank 0 leaves the ncclUniqueId */
 } bench_opts;
 
 /* Demo: every CP mode and layout on in-process ranks, checked against one rank. */

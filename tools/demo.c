@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The demo: CP attention across in-process ranks on the CPU, every mode and
- * layout, each checked against a single-rank run of the same inputs.
- * Each rank is a thread with its own context; inputs are sharded with
- * cp_layout_shard() and results reassembled with cp_layout_gather().
+ * The demo and CP benchmark: CP attention on every mode and layout, each
+ * timed and checked against a single-rank run of the same inputs. Each rank
+ * is a thread with its own context (on the CPU, or on a CUDA device with
+ * --device cuda); with --transport nccl-file this process is one rank of a
+ * run spread over processes. Inputs are made on the host, copied to the
+ * device, sharded with cp_layout_shard() and results reassembled with
+ * cp_layout_gather().
  */
 #include <math.h>
 #include <pthread.h>
@@ -17,20 +20,13 @@
 #include <infinicp/infinicp.h>
 
 #include "bench.h"
+#include "devmem.h"
+#include "launch.h"
 
-typedef struct demo_cfg {
-    int64_t batch, seq;
-    int heads, kv_heads, dim;
-    cp_dtype dtype;
-    cp_mask mask;
-    int cp;
-} demo_cfg;
-
-/* Global tensors (storage type) and results. */
+/* Global tensors in host memory (storage type), and results. */
 typedef struct demo_data {
     void *q, *k, *v, *dout;
     void *out, *dq, *dk, *dv; /* results gathered from rank 0 */
-    float *lse;
 } demo_data;
 
 typedef struct run_spec {
@@ -39,22 +35,33 @@ typedef struct run_spec {
     int P, A;
 } run_spec;
 
+enum { MAX_REPS = 100 };
+
 typedef struct run_result {
-    double fwd_s, bwd_s;
+    double fwd_s[MAX_REPS], bwd_s[MAX_REPS]; /* per repetition, the slowest rank */
     size_t ws_bytes;
     cp_status status;
     char error[512];
 } run_result;
 
-typedef struct rank_arg {
-    const demo_cfg *c;
+/* What every rank of one run shares. */
+typedef struct run_shared {
+    const bench_opts *c;
     const run_spec *r;
     const demo_data *in;
     demo_data *out;
     run_result *res;
+    const devmem *dm;
+    int threads, gather;
+    pthread_mutex_t lock;
+    pthread_barrier_t barrier;
+} run_shared;
+
+typedef struct rank_arg {
+    run_shared *sh;
+    run_result *res;
     cp_comm *comm;
-    int threads;
-    pthread_mutex_t *lock;
+    int device;
 } rank_arg;
 
 static size_t dtype_bytes(cp_dtype t)
@@ -101,12 +108,21 @@ static void fill(void *p, cp_dtype t, size_t n, uint64_t *seed)
 
 static void fail(rank_arg *a, cp_status s, const char *what)
 {
-    pthread_mutex_lock(a->lock);
+    pthread_mutex_lock(&a->sh->lock);
     if (a->res->status == CP_SUCCESS) {
         a->res->status = s;
         snprintf(a->res->error, sizeof a->res->error, "%s: %s", what, cp_last_error());
     }
-    pthread_mutex_unlock(a->lock);
+    pthread_mutex_unlock(&a->sh->lock);
+}
+
+/* A device buffer (host memory on the CPU); NULL after a failure. */
+static void *dev_alloc(rank_arg *a, size_t bytes)
+{
+    void *p = devmem_alloc(a->sh->dm, bytes);
+    if (!p)
+        fail(a, CP_ERROR_OUT_OF_MEMORY, "device allocation");
+    return p;
 }
 
 #define TRY(call)                                                                                   \
@@ -118,25 +134,37 @@ static void fail(rank_arg *a, cp_status s, const char *what)
         }                                                                                           \
     } while (0)
 
+/* One rank: shard the inputs on its device, time forward and backward
+ * (median of reps after one warm-up; every rank starts each repetition
+ * together and the slowest counts), then gather the results to rank 0. */
 static void *rank_main(void *arg)
 {
     rank_arg *a = arg;
-    const demo_cfg *c = a->c;
+    run_shared *sh = a->sh;
+    const bench_opts *c = sh->c;
+    const devmem *dm = sh->dm;
     cp_context *ctx = NULL;
     cp_group *g = NULL;
     cp_attn_plan *plan = NULL;
-    void *t[8] = { 0 };
-    float *lse = NULL;
-    void *ws = NULL;
+    void *t[9] = { 0 }; /* q k v dout out dq dk dv lse */
+    void *ws = NULL, *global = NULL;
+    int owed = sh->c->reps + 1; /* arrivals this rank still owes the barrier */
     const size_t es = dtype_bytes(c->dtype);
     const size_t tq = (size_t)c->heads * (size_t)c->dim * es, tk = (size_t)c->kv_heads * (size_t)c->dim * es;
-    const int64_t n = c->seq / a->r->P;
+    const int64_t n = c->seq / sh->r->P;
+    const size_t gbytes = (size_t)c->batch * (size_t)c->seq * tq; /* the largest global tensor */
 
+    if (devmem_use(dm, a->device)) {
+        fail(a, CP_ERROR_BACKEND, "cudaSetDevice");
+        goto out;
+    }
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
-    cc.num_threads = a->threads;
+    cc.num_threads = sh->threads;
+    cc.device = c->cuda ? CP_DEVICE_CUDA : CP_DEVICE_CPU;
+    cc.device_index = a->device;
     TRY(cp_context_create(&cc, &ctx));
     cp_group_config gc = CP_GROUP_CONFIG_INIT;
-    gc.a2a_size = a->r->A;
+    gc.a2a_size = sh->r->A;
     TRY(cp_group_create(ctx, a->comm, &gc, &g));
     int rank = 0;
     cp_group_rank(g, &rank);
@@ -149,56 +177,78 @@ static void *rank_main(void *arg)
     d.num_kv_heads = c->kv_heads;
     d.head_dim = c->dim;
     d.mask = c->mask;
-    d.layout = a->r->layout;
-    d.mode = a->r->mode;
+    d.layout = sh->r->layout;
+    d.mode = sh->r->mode;
     TRY(cp_attn_plan_create(g, &d, &plan));
     size_t wf, wb;
     TRY(cp_attn_workspace_size(plan, &wf, &wb));
     size_t wmax = wf > wb ? wf : wb;
-    ws = malloc(wmax ? wmax : 1);
 
     const size_t sizes[8] = { tq, tk, tk, tq, tq, tq, tk, tk }; /* q k v dout out dq dk dv, per token */
     for (int i = 0; i < 8; i++)
-        t[i] = malloc((size_t)c->batch * (size_t)n * sizes[i]);
-    lse = malloc((size_t)c->batch * (size_t)c->heads * (size_t)n * sizeof *lse);
-    if (!ws || !lse || !t[7]) {
-        fail(a, CP_ERROR_OUT_OF_MEMORY, "malloc");
+        if (!(t[i] = dev_alloc(a, (size_t)c->batch * (size_t)n * sizes[i])))
+            goto out;
+    if (!(t[8] = dev_alloc(a, (size_t)c->batch * (size_t)c->heads * (size_t)n * sizeof(float))) ||
+        !(ws = dev_alloc(a, wmax)) || !(global = dev_alloc(a, gbytes)))
         goto out;
-    }
-    const void *gin[4] = { a->in->q, a->in->k, a->in->v, a->in->dout };
-    for (int i = 0; i < 4; i++)
-        TRY(cp_layout_shard(ctx, d.layout, a->r->P, rank, gin[i], t[i], c->batch, c->seq, sizes[i]));
-
-    double t0 = now();
-    TRY(cp_attn_forward(plan, t[0], t[1], t[2], t[4], lse, ws, wf));
-    double t1 = now();
-    TRY(cp_attn_backward(plan, t[0], t[1], t[2], t[4], lse, t[3], t[5], t[6], t[7], ws, wb));
-    double t2 = now();
-
-    /* Every rank takes part in the gathers; rank 0's copy is kept. */
-    void *gout[4] = { a->out->out, a->out->dq, a->out->dk, a->out->dv };
-    const int src[4] = { 4, 5, 6, 7 };
+    /* the whole tensor goes to the device, where cp_layout_shard cuts this rank's share */
+    const void *gin[4] = { sh->in->q, sh->in->k, sh->in->v, sh->in->dout };
     for (int i = 0; i < 4; i++) {
-        size_t bytes = (size_t)c->batch * (size_t)c->seq * sizes[src[i]];
-        void *dst = rank == 0 ? gout[i] : malloc(bytes);
-        cp_status s = cp_layout_gather(g, d.layout, t[src[i]], dst, c->batch, c->seq, sizes[src[i]]);
-        if (rank != 0)
-            free(dst);
-        TRY(s);
+        if (devmem_to_device(dm, global, gin[i], (size_t)c->batch * (size_t)c->seq * sizes[i]) || devmem_sync(dm)) {
+            fail(a, CP_ERROR_BACKEND, "copy to the device");
+            goto out;
+        }
+        TRY(cp_layout_shard(ctx, d.layout, sh->r->P, rank, global, t[i], c->batch, c->seq, sizes[i]));
+        TRY(cp_context_synchronize(ctx));
     }
-    pthread_mutex_lock(a->lock);
-    if (t1 - t0 > a->res->fwd_s)
-        a->res->fwd_s = t1 - t0;
-    if (t2 - t1 > a->res->bwd_s)
-        a->res->bwd_s = t2 - t1;
+
+    for (int rep = -1; rep < c->reps; rep++) {
+        pthread_barrier_wait(&sh->barrier);
+        owed--;
+        /* a rank that failed leaves every later barrier to the others */
+        if (a->res->status != CP_SUCCESS)
+            goto out;
+        double t0 = now();
+        TRY(cp_attn_forward(plan, t[0], t[1], t[2], t[4], t[8], ws, wf));
+        TRY(cp_context_synchronize(ctx));
+        double t1 = now();
+        TRY(cp_attn_backward(plan, t[0], t[1], t[2], t[4], t[8], t[3], t[5], t[6], t[7], ws, wb));
+        TRY(cp_context_synchronize(ctx));
+        double t2 = now();
+        if (rep < 0)
+            continue;
+        pthread_mutex_lock(&sh->lock);
+        a->res->fwd_s[rep] = fmax(a->res->fwd_s[rep], t1 - t0);
+        a->res->bwd_s[rep] = fmax(a->res->bwd_s[rep], t2 - t1);
+        pthread_mutex_unlock(&sh->lock);
+    }
+    pthread_mutex_lock(&sh->lock);
     if (wmax > a->res->ws_bytes)
         a->res->ws_bytes = wmax;
-    pthread_mutex_unlock(a->lock);
+    pthread_mutex_unlock(&sh->lock);
+
+    if (sh->gather) {
+        /* Every rank takes part in the gathers; rank 0's copy is kept. */
+        void *gout[4] = { sh->out->out, sh->out->dq, sh->out->dk, sh->out->dv };
+        const int src[4] = { 4, 5, 6, 7 };
+        for (int i = 0; i < 4; i++) {
+            size_t bytes = (size_t)c->batch * (size_t)c->seq * sizes[src[i]];
+            TRY(cp_layout_gather(g, d.layout, t[src[i]], global, c->batch, c->seq, sizes[src[i]]));
+            TRY(cp_context_synchronize(ctx));
+            if (rank == 0 && devmem_to_host(dm, gout[i], global, bytes)) {
+                fail(a, CP_ERROR_BACKEND, "copy to the host");
+                goto out;
+            }
+        }
+    }
 out:
-    for (int i = 0; i < 8; i++)
-        free(t[i]);
-    free(lse);
-    free(ws);
+    /* keep the barrier count right for the ranks still timing */
+    while (owed-- > 0)
+        pthread_barrier_wait(&sh->barrier);
+    for (int i = 0; i < 9; i++)
+        devmem_free(dm, t[i]);
+    devmem_free(dm, ws);
+    devmem_free(dm, global);
     cp_attn_plan_destroy(plan);
     cp_group_destroy(g);
     cp_comm_destroy(a->comm);
@@ -206,27 +256,45 @@ out:
     return NULL;
 }
 
-static int run(const demo_cfg *c, const run_spec *r, const demo_data *in, demo_data *out, run_result *res,
-               int cores)
+/* One run over the ranks this process drives (all of them, except with one
+ * process per GPU). */
+static int run(const bench_opts *c, const launch *l, const run_spec *r, const demo_data *in, demo_data *out,
+               run_result *res, const devmem *dm, int cores, int gather)
 {
     memset(res, 0, sizeof *res);
     cp_comm *comms[64];
-    cp_status s = cp_comm_create_local(r->P, comms);
+    cp_status s = launch_comms(l, comms);
     if (s != CP_SUCCESS) {
-        snprintf(res->error, sizeof res->error, "cp_comm_create_local: %s", cp_last_error());
+        snprintf(res->error, sizeof res->error, "communicator: %s", cp_last_error());
         return -1;
     }
-    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    run_shared sh = { c, r, in, out, res, dm, cores / l->count > 0 ? cores / l->count : 1, gather,
+                      PTHREAD_MUTEX_INITIALIZER, { { 0 } } };
+    pthread_barrier_init(&sh.barrier, NULL, (unsigned)l->count);
     rank_arg args[64];
     pthread_t th[64];
-    int threads = cores / r->P > 0 ? cores / r->P : 1;
-    for (int i = 0; i < r->P; i++) {
-        args[i] = (rank_arg){ c, r, in, out, res, comms[i], threads, &lock };
+    for (int i = 0; i < l->count; i++) {
+        args[i] = (rank_arg){ &sh, res, comms[i], launch_device(l, i) };
         pthread_create(&th[i], NULL, rank_main, &args[i]);
     }
-    for (int i = 0; i < r->P; i++)
+    for (int i = 0; i < l->count; i++)
         pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&sh.barrier);
     return res->status == CP_SUCCESS ? 0 : -1;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static double median(const double *v, int n)
+{
+    double t[MAX_REPS];
+    memcpy(t, v, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 /* max |x - ref| / max |ref| over a tensor of n values. */
@@ -241,7 +309,7 @@ static double max_rel(const void *x, const void *ref, cp_dtype t, size_t n)
     return m > 0 ? e / m : e;
 }
 
-static void alloc_results(const demo_cfg *c, demo_data *d)
+static void alloc_results(const bench_opts *c, demo_data *d)
 {
     const size_t es = dtype_bytes(c->dtype), tokens = (size_t)c->batch * (size_t)c->seq;
     d->out = malloc(tokens * (size_t)c->heads * (size_t)c->dim * es);
@@ -258,16 +326,38 @@ static void free_results(demo_data *d)
     free(d->dv);
 }
 
+static const char *transport_name(bench_transport t)
+{
+    return t == BENCH_NCCL_THREADS ? "nccl-threads" : t == BENCH_NCCL_FILE ? "nccl-file" : "local";
+}
+
 int bench_demo(const bench_opts *o)
 {
-    demo_cfg c = { o->batch, o->seq, o->heads, o->kv_heads, o->dim, o->dtype, o->mask, o->cp };
+    bench_opts c = *o;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int cores = ncpu > 0 ? (int)ncpu : 1;
+    char err[512];
+    devmem dm;
+    if (devmem_init(&dm, c.cuda, err, sizeof err)) {
+        fprintf(stderr, "infinicp-bench: %s\n", err);
+        return 1;
+    }
+    launch l;
+    if (launch_init(&l, &c, dm.device_count, err, sizeof err)) {
+        fprintf(stderr, "infinicp-bench: %s\n", err);
+        return 1;
+    }
+    c.cp = l.world;
+    /* only the process holding rank 0 reports (and checks) */
+    const int lead = l.first == 0;
     const char *dn = c.dtype == CP_DTYPE_F32 ? "F32" : c.dtype == CP_DTYPE_BF16 ? "BF16" : "F16";
-    printf("CP attention demo: batch %lld, seq %lld, heads %d (kv %d), head_dim %d, %s, %s, %d cores\n",
-           (long long)c.batch, (long long)c.seq, c.heads, c.kv_heads, c.dim, dn,
-           c.mask == CP_MASK_CAUSAL ? "causal" : "no mask", cores);
-    printf("ranks are threads of this process; every run is checked against a single-rank run\n\n");
+    if (lead) {
+        printf("CP attention demo: batch %lld, seq %lld, heads %d (kv %d), head_dim %d, %s, %s, %s, %d reps\n",
+               (long long)c.batch, (long long)c.seq, c.heads, c.kv_heads, c.dim, dn,
+               c.mask == CP_MASK_CAUSAL ? "causal" : "no mask", c.cuda ? "CUDA" : "CPU", c.reps);
+        printf("%d ranks, transport %s (%d in this process); %s\n\n", l.world, transport_name(l.transport), l.count,
+               c.timing_only ? "timing only" : "every run is checked against a single-rank run");
+    }
 
     const size_t es = dtype_bytes(c.dtype), tokens = (size_t)c.batch * (size_t)c.seq;
     const size_t nq = tokens * (size_t)c.heads * (size_t)c.dim, nk = tokens * (size_t)c.kv_heads * (size_t)c.dim;
@@ -284,22 +374,30 @@ int bench_demo(const bench_opts *o)
 
     demo_data ref = { 0 };
     alloc_results(&c, &ref);
-    run_result rr;
-    run_spec one = { CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, 1 };
-    if (run(&c, &one, &in, &ref, &rr, cores)) {
-        fprintf(stderr, "single-rank run failed: %s\n", rr.error);
-        return 1;
+    run_result *rr = calloc(1, sizeof *rr);
+    double one_s = 0;
+    int bad = 0;
+    if (lead) {
+        /* the single-rank run: local transport, this process's first device */
+        launch single = { BENCH_LOCAL, 1, 0, 1, l.devices, { 0 } };
+        run_spec one = { CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, 1 };
+        bench_opts c1 = c;
+        c1.cp = 1;
+        if (run(&c1, &single, &one, &in, &ref, rr, &dm, cores, !c.timing_only)) {
+            fprintf(stderr, "single-rank run failed: %s\n", rr->error);
+            return 1;
+        }
+        double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps);
+        one_s = f + b;
+        printf("%-10s %-10s %4s %7s  %9s %9s %9s %9s  %9s %9s %7s  %10s\n", "mode", "layout", "cp", "a2a*p2p",
+               "err out", "err dq", "err dk", "err dv", "fwd ms", "bwd ms", "vs cp1", "ws/rank");
+        printf("%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %7.3f  %7.2f MiB\n", "(single)", "-", 1, "-", "-",
+               "-", "-", "-", 1e3 * f, 1e3 * b, 1.0, (double)rr->ws_bytes / 1048576.0);
     }
     /* F32 differs from CP=1 only by fp32 rounding order; 16-bit types by
      * at most a few ulps of the storage type. */
     const double tol = c.dtype == CP_DTYPE_F32 ? 1e-4 : c.dtype == CP_DTYPE_F16 ? 1e-2 : 4e-2;
-
-    printf("%-10s %-10s %4s %7s  %9s %9s %9s %9s  %9s %9s  %10s\n", "mode", "layout", "cp", "a2a*p2p",
-           "err out", "err dq", "err dk", "err dv", "fwd ms", "bwd ms", "ws/rank");
-    printf("%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.1f %9.1f  %7.2f MiB\n", "(single)", "-", 1, "-", "-", "-",
-           "-", "-", 1e3 * rr.fwd_s, 1e3 * rr.bwd_s, (double)rr.ws_bytes / 1048576.0);
     static const char *mode_names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
-    int bad = 0;
     demo_data got = { 0 };
     alloc_results(&c, &got);
     for (int mode = 0; mode < 4; mode++)
@@ -316,28 +414,47 @@ int bench_demo(const bench_opts *o)
             snprintf(fact, sizeof fact, "%dx%d", mode == CP_MODE_A2A ? c.cp : r.A,
                      mode == CP_MODE_A2A ? 1 : c.cp / r.A);
             const char *ln = layout ? "zigzag" : "contiguous";
-            if (run(&c, &r, &in, &got, &rr, cores)) {
-                printf("%-10s %-10s %4d %7s  %s\n", mode_names[mode], ln, c.cp, fact, rr.error);
-                if (rr.status != CP_ERROR_UNSUPPORTED)
+            if (run(&c, &l, &r, &in, &got, rr, &dm, cores, !c.timing_only)) {
+                if (lead)
+                    printf("%-10s %-10s %4d %7s  %s\n", mode_names[mode], ln, c.cp, fact, rr->error);
+                if (rr->status != CP_ERROR_UNSUPPORTED)
                     bad++;
                 continue;
             }
-            double e[4] = { max_rel(got.out, ref.out, c.dtype, nq), max_rel(got.dq, ref.dq, c.dtype, nq),
-                            max_rel(got.dk, ref.dk, c.dtype, nk), max_rel(got.dv, ref.dv, c.dtype, nk) };
-            int ok = e[0] <= tol && e[1] <= tol && e[2] <= tol && e[3] <= tol;
+            if (!lead)
+                continue;
+            double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps);
+            char errs[64] = "        -         -         -         -";
+            int ok = 1;
+            if (!c.timing_only) {
+                double e[4] = { max_rel(got.out, ref.out, c.dtype, nq), max_rel(got.dq, ref.dq, c.dtype, nq),
+                                max_rel(got.dk, ref.dk, c.dtype, nk), max_rel(got.dv, ref.dv, c.dtype, nk) };
+                ok = e[0] <= tol && e[1] <= tol && e[2] <= tol && e[3] <= tol;
+                snprintf(errs, sizeof errs, "%9.2e %9.2e %9.2e %9.2e", e[0], e[1], e[2], e[3]);
+            }
             bad += !ok;
-            printf("%-10s %-10s %4d %7s  %9.2e %9.2e %9.2e %9.2e  %9.1f %9.1f  %7.2f MiB%s\n", mode_names[mode], ln,
-                   c.cp, fact, e[0], e[1], e[2], e[3], 1e3 * rr.fwd_s, 1e3 * rr.bwd_s,
-                   (double)rr.ws_bytes / 1048576.0, ok ? "" : "  MISMATCH");
+            printf("%-10s %-10s %4d %7s  %s  %9.2f %9.2f %7.3f  %7.2f MiB%s\n", mode_names[mode], ln, c.cp, fact,
+                   errs, 1e3 * f, 1e3 * b, (f + b) / one_s, (double)rr->ws_bytes / 1048576.0,
+                   ok ? "" : "  MISMATCH");
+            fflush(stdout);
         }
-    printf("\nerr: max |x - x_cp1| / max |x_cp1| over the whole tensor; tolerance %.0e\n", tol);
-    printf("%s\n", bad ? "FAILED: some runs differ from the single-rank result"
-                       : "all modes and layouts match the single-rank result");
+    if (lead) {
+        printf("\nfwd/bwd: median of %d repetitions after a warm-up, slowest rank, host clock after\n"
+               "cp_context_synchronize; vs cp1: (fwd + bwd) / (fwd + bwd of the single-rank run)\n",
+               c.reps);
+        if (!c.timing_only) {
+            printf("err: max |x - x_cp1| / max |x_cp1| over the whole tensor; tolerance %.0e\n", tol);
+            printf("%s\n", bad ? "FAILED: some runs differ from the single-rank result"
+                               : "all modes and layouts match the single-rank result");
+        }
+    }
+    free(rr);
     free_results(&got);
     free_results(&ref);
     free(in.q);
     free(in.k);
     free(in.v);
     free(in.dout);
+    launch_fini(&l);
     return bad ? 1 : 0;
 }

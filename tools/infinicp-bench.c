@@ -14,8 +14,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: infinicp-bench [options]\n"
             "\n"
-            "Without a mode option: the demo. CP attention on in-process ranks (threads) on the\n"
-            "CPU, for every mode and layout, each checked against a single-rank run.\n"
+            "Without a mode option: the demo and CP benchmark. CP attention for every mode and\n"
+            "layout, timed and checked against a single-rank run; ranks are threads of this\n"
+            "process, or processes with --transport nccl-file.\n"
             "\n"
             "modes:\n"
             "  --backends        print the library version and the backends that can be opened\n"
@@ -30,7 +31,17 @@ static void usage(FILE *f)
             "  --kv-heads N      key/value heads (default 4)\n"
             "  --dim N           head dimension (default 64)\n"
             "  --dtype T         f32, f16 or bf16 (default f32)\n"
-            "  --no-mask         attend to every key (default causal)\n");
+            "  --no-mask         attend to every key (default causal)\n"
+            "  --device D        cpu or cuda (default cpu); with cuda every local rank uses\n"
+            "                    device 0, except with the NCCL transports (one GPU per rank)\n"
+            "  --reps N          timed repetitions after one warm-up, median shown (default 3)\n"
+            "  --timing-only     skip the gathers and the error columns\n"
+            "  --transport T     local (default), nccl-threads (one thread per GPU,\n"
+            "                    ncclCommInitAll; --cp GPUs), nccl-file (one process per GPU)\n"
+            "  --rank R --size N this process's rank and the number of processes (nccl-file;\n"
+            "                    default from RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*)\n"
+            "  --nccl-id-file F  file on shared storage through which rank 0 hands out the\n"
+            "                    ncclUniqueId (nccl-file); it must not exist at the start\n");
 }
 
 static int show_backends(void)
@@ -72,9 +83,20 @@ static int parse_int(const char *opt, const char *s, long long lo, long long hi,
     return 0;
 }
 
+/* The first of the environment variables in names that is set, as a number; -1 if none. */
+static long long env_int(const char *const *names)
+{
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v && *v)
+            return strtoll(v, NULL, 10);
+    }
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
-    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4 };
+    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4, 0, 3, 0, BENCH_LOCAL, -1, -1, NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         long long v;
@@ -91,6 +113,44 @@ int main(int argc, char **argv)
             return show_backends();
         } else if (!strcmp(a, "--no-mask")) {
             o.mask = CP_MASK_NONE;
+        } else if (!strcmp(a, "--timing-only")) {
+            o.timing_only = 1;
+        } else if (!strcmp(a, "--device")) {
+            if (!val || (strcmp(val, "cpu") && strcmp(val, "cuda"))) {
+                fprintf(stderr, "infinicp-bench: --device takes cpu or cuda\n");
+                return 2;
+            }
+            o.cuda = !strcmp(val, "cuda");
+            i++;
+        } else if (!strcmp(a, "--transport")) {
+            if (val && !strcmp(val, "local"))
+                o.transport = BENCH_LOCAL;
+            else if (val && !strcmp(val, "nccl-threads"))
+                o.transport = BENCH_NCCL_THREADS;
+            else if (val && !strcmp(val, "nccl-file"))
+                o.transport = BENCH_NCCL_FILE;
+            else {
+                fprintf(stderr, "infinicp-bench: --transport takes local, nccl-threads or nccl-file\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--nccl-id-file")) {
+            if (!val) {
+                fprintf(stderr, "infinicp-bench: --nccl-id-file needs a path\n");
+                return 2;
+            }
+            o.nccl_id_file = val;
+            i++;
+        } else if (!strcmp(a, "--reps") || !strcmp(a, "--rank") || !strcmp(a, "--size")) {
+            if (parse_int(a, val, !strcmp(a, "--rank") ? 0 : 1, !strcmp(a, "--reps") ? 100 : 63, &v))
+                return 2;
+            if (!strcmp(a, "--reps"))
+                o.reps = (int)v;
+            else if (!strcmp(a, "--rank"))
+                o.rank = (int)v;
+            else
+                o.size = (int)v;
+            i++;
         } else if (!strcmp(a, "--dtype")) {
             if (!val || (strcmp(val, "f32") && strcmp(val, "f16") && strcmp(val, "bf16"))) {
                 fprintf(stderr, "infinicp-bench: --dtype takes f32, f16 or bf16\n");
@@ -119,6 +179,20 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "infinicp-bench: unknown option '%s'\n", a);
             usage(stderr);
+            return 2;
+        }
+    }
+    if (o.transport == BENCH_NCCL_FILE) {
+        static const char *const rank_env[] = { "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL };
+        static const char *const size_env[] = { "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS",
+                                                NULL };
+        if (o.rank < 0)
+            o.rank = (int)env_int(rank_env);
+        if (o.size < 0)
+            o.size = (int)env_int(size_env);
+        if (o.size < 1 || o.size > 64 || o.rank < 0 || o.rank >= o.size) {
+            fprintf(stderr, "infinicp-bench: nccl-file needs 0 <= rank < size <= 64 (got rank %d, size %d)\n",
+                    o.rank, o.size);
             return 2;
         }
     }

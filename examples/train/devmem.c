@@ -16,6 +16,7 @@ static struct {
     int (*free_)(void *);
     int (*memcpy_)(void *, const void *, size_t, int);
     int (*memset_)(void *, int, size_t);
+    int (*device_synchronize)(void);
 } cu;
 
 int devmem_init(devmem *d, int cuda, char *err, size_t cap)
@@ -37,7 +38,9 @@ int devmem_init(devmem *d, int cuda, char *err, size_t cap)
     *(void **)&cu.free_ = dlsym(h, "cudaFree");
     *(void **)&cu.memcpy_ = dlsym(h, "cudaMemcpy");
     *(void **)&cu.memset_ = dlsym(h, "cudaMemset");
-    if (!cu.get_device_count || !cu.set_device || !cu.malloc_ || !cu.free_ || !cu.memcpy_ || !cu.memset_) {
+    *(void **)&cu.device_synchronize = dlsym(h, "cudaDeviceSynchronize");
+    if (!cu.get_device_count || !cu.set_device || !cu.malloc_ || !cu.free_ || !cu.memcpy_ || !cu.memset_ ||
+        !cu.device_synchronize) {
         snprintf(err, cap, "the CUDA runtime lacks an entry point this example uses");
         return -1;
     }
@@ -94,4 +97,9 @@ int devmem_to_host(const devmem *d, void *dst, const void *src, size_t bytes)
         return 0;
     }
     return cu.memcpy_(dst, src, bytes, 2);
+}
+
+int devmem_sync(const devmem *d)
+{
+    return d->cuda ? cu.device_synchronize() : 0;
 }

@@ -25,5 +25,9 @@ void *devmem_alloc(const devmem *d, size_t bytes); /* zeroed */
 void devmem_free(const devmem *d, void *p);
 int devmem_to_device(const devmem *d, void *dst, const void *src, size_t bytes);
 int devmem_to_host(const devmem *d, void *dst, const void *src, size_t bytes);
+/* Wait for all work on the calling thread's device (CUDA only): a copy from
+ * pageable host memory may still be in flight when cudaMemcpy returns, and
+ * the library's streams do not wait for it. */
+int devmem_sync(const devmem *d);
 
 #endif
