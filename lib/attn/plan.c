@@ -108,17 +108,17 @@ static uint64_t desc_hash(const cp_attn_plan *p)
 
 /* Collective: every rank learns whether all ranks passed the same
  * descriptor, and whether any rank rejected its own. One all-reduce (max) of
- * the hash, its negation, and the local verdict, in host memory. */
+ * the hash, its negation, and the local verdict, through the group's device
+ * (NCCL moves device memory only). */
 static cp_status agree(cp_attn_plan *p, cp_status local)
 {
     const uint64_t h = local == CP_SUCCESS ? desc_hash(p) : 0;
     const double hi = (double)(h >> 32), lo = (double)(h & 0xffffffffu);
     double v[5] = { hi, lo, -hi, -lo, local == CP_SUCCESS ? 0.0 : 1.0 };
-    cp_xfer x = { NULL, NULL, p->g->cfg.timeout_ms };
     char saved[512];
     strncpy(saved, cp_last_error(), sizeof saved - 1);
     saved[sizeof saved - 1] = 0;
-    cp_status s = cpi_all_reduce(p->g->comm, &x, v, v, 5, CP_DTYPE_F64, CP_REDUCE_MAX);
+    cp_status s = cpi_all_reduce_host(p->g->ctx, p->g->comm, p->g->cfg.timeout_ms, v, 5, CP_REDUCE_MAX);
     if (local != CP_SUCCESS)
         return cpi_error(local, "%s", saved); /* this rank's own reason comes first */
     if (s != CP_SUCCESS)

@@ -135,3 +135,27 @@ cp_status cpi_barrier(cp_comm *c, const cp_xfer *x)
     cp_xfer r = cpi_xfer_resolve(x);
     return c->ops->barrier(c->impl, &r);
 }
+
+cp_status cpi_all_reduce_host(cp_context *ctx, cp_comm *comm, int timeout_ms, double *v, size_t n,
+                              cp_reduce_op op)
+{
+    cp_xfer host = { NULL, NULL, timeout_ms };
+    cp_xfer x = ctx ? cpi_xfer(ctx, timeout_ms) : host;
+    if (!ctx || ctx->device == CP_DEVICE_CPU)
+        return cpi_all_reduce(comm, &x, v, v, n, CP_DTYPE_F64, op);
+
+    const size_t bytes = n * sizeof *v;
+    void *dev = NULL;
+    CPI_TRY(ctx->ops->alloc(ctx->state, bytes, &dev));
+    cp_status s = ctx->ops->copy_2d(ctx->state, dev, bytes, v, bytes, bytes, 1, CP_COPY_HOST_TO_DEVICE);
+    if (s == CP_SUCCESS)
+        s = cpi_all_reduce(comm, &x, dev, dev, n, CP_DTYPE_F64, op);
+    if (s == CP_SUCCESS)
+        s = ctx->ops->copy_2d(ctx->state, v, bytes, dev, bytes, bytes, 1, CP_COPY_DEVICE_TO_HOST);
+    if (s == CP_SUCCESS)
+        s = ctx->ops->synchronize(ctx->state);
+    else
+        ctx->ops->synchronize(ctx->state); /* queued work may still use dev */
+    ctx->ops->free(ctx->state, dev);
+    return s;
+}

@@ -24,12 +24,12 @@ static cp_status check_config(const cp_group_config *c, int size)
 }
 
 /* Ranks with different a2a sizes would split into inconsistent sub-groups:
- * compare (max, -min) over the communicator first. */
-static cp_status check_agreement(cp_comm *comm, const cp_group_config *c)
+ * compare (max, -min) over the communicator first (through ctx's device:
+ * NCCL moves device memory only). */
+static cp_status check_agreement(cp_context *ctx, cp_comm *comm, const cp_group_config *c)
 {
     double v[2] = { c->a2a_size, -c->a2a_size };
-    cp_xfer host = { NULL, NULL, c->timeout_ms };
-    CPI_TRY(cpi_all_reduce(comm, &host, v, v, 2, CP_DTYPE_F64, CP_REDUCE_MAX));
+    CPI_TRY(cpi_all_reduce_host(ctx, comm, c->timeout_ms, v, 2, CP_REDUCE_MAX));
     if (v[0] != -v[1])
         return cpi_error(CP_ERROR_MISMATCH, "cp_group_create: ranks disagree on cfg->a2a_size (%g to %g)",
                          -v[1], v[0]);
@@ -46,7 +46,7 @@ CP_EXPORT cp_status cp_group_create(cp_context *ctx, cp_comm *comm, const cp_gro
     cp_group_config c;
     CPI_TRY(cpi_copy_config(&c, sizeof c, &defaults, cfg, GROUP_CONFIG_V1_SIZE, __func__, "cfg"));
     CPI_TRY(check_config(&c, comm->size));
-    CPI_TRY(check_agreement(comm, &c));
+    CPI_TRY(check_agreement(ctx, comm, &c));
 
     cp_group *g = cpi_calloc(1, sizeof *g);
     if (!g)

@@ -32,4 +32,10 @@ cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *r
                          cp_dtype dtype, cp_reduce_op op);
 cp_status cpi_barrier(cp_comm *c, const cp_xfer *x);
 
+/* v[0..n) = op over the ranks of comm, v in host memory (F64). The numbers
+ * travel through memory of ctx's device (host memory when ctx is NULL), so
+ * that transports which move only device memory (NCCL) work too. */
+cp_status cpi_all_reduce_host(cp_context *ctx, cp_comm *comm, int timeout_ms, double *v, size_t n,
+                              cp_reduce_op op);
+
 #endif
