@@ -62,6 +62,12 @@ static cp_status check_tensor(const char *func, const char *name, const void *p,
               "%s: a->%s spans more than the address space (strides %" PRId64 ", %" PRId64 ", %" PRId64
               " over %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64 " elements)",
               func, name, *sb, *ss, *sh, B, S, H, D);
+    /* Strides may overlap rows, so a tensor that fits can still count more
+     * elements than int64 holds; the kernels count them. */
+    CPI_CHECK(!__builtin_mul_overflow(B, S, &x) && !__builtin_mul_overflow(x, H, &x) &&
+                  !__builtin_mul_overflow(x, D, &x),
+              "%s: a->%s of %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64 " elements overflows", func, name,
+              B, S, H, D);
     return CP_SUCCESS;
 }
 
