@@ -158,9 +158,7 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
               "%s: a->mask = %d (must be CP_MASK_NONE or CP_MASK_CAUSAL)", func, (int)a->mask);
     if (a->softmax_scale == 0.0)
         a->softmax_scale = 1.0 / sqrt((double)a->head_dim);
-    /* scores are scaled into base 2 in fp32: scale * log2(e) must be a finite float */
-    double base2 = a->softmax_scale * 1.4426950408889634;
-    CPI_CHECK(isfinite(a->softmax_scale) && fabs(base2) <= 3.0e38,
+    CPI_CHECK(cpi_softmax_scale_ok(a->softmax_scale),
               "%s: a->softmax_scale = %g (must be finite, |scale| <= 2e38; 0 for 1/sqrt(head_dim))", func,
               a->softmax_scale);
     CPI_TRY(check_result_dtype(func, "o_dtype", a->o_dtype, a->dtype));

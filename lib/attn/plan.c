@@ -2,10 +2,12 @@
 /* cp_attn_plan: validation, the cross-rank agreement check, workspace
  * sizing, and dispatch to the modes. */
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/kernel.h"
 #include "attn/plan.h"
 
 /* First published cp_attn_desc: everything up to `mode`. */
@@ -39,8 +41,9 @@ static cp_status check_desc(const cp_attn_desc *d)
     CPI_CHECK(d->head_dim_v >= 0, "%s: desc->head_dim_v = %d (must be >= 0; 0 = head_dim)", f, d->head_dim_v);
     CPI_CHECK(d->mask == CP_MASK_NONE || d->mask == CP_MASK_CAUSAL,
               "%s: desc->mask = %d (must be CP_MASK_NONE (0) or CP_MASK_CAUSAL (1))", f, (int)d->mask);
-    CPI_CHECK(isfinite(d->softmax_scale), "%s: desc->softmax_scale = %g (must be finite; 0 = 1/sqrt(head_dim))",
-              f, d->softmax_scale);
+    CPI_CHECK(cpi_softmax_scale_ok(d->softmax_scale),
+              "%s: desc->softmax_scale = %g (must be finite, |scale| <= 2e38; 0 = 1/sqrt(head_dim))", f,
+              d->softmax_scale);
     CPI_CHECK(d->mode >= CP_MODE_ALL_GATHER && d->mode <= CP_MODE_A2A_P2P,
               "%s: desc->mode = %d (must be a cp_mode, 0..3)", f, (int)d->mode);
     /* the largest tensor any mode touches: batch x seq x heads x dim x 8 bytes */
@@ -170,7 +173,13 @@ static cp_status measure(cp_attn_plan *p, int backward, size_t *bytes)
     cpi_arena a = { NULL, 0, 0, 1, 0 };
     cpi_fwd_args fa = { 0 };
     cpi_bwd_args ba = { 0 };
-    CPI_TRY(run_mode(p, backward, backward ? (const void *)&ba : (const void *)&fa, &a));
+    cp_status s = run_mode(p, backward, backward ? (const void *)&ba : (const void *)&fa, &a);
+    if (s != CP_SUCCESS) { /* the backend's scratch query names itself: say what it was part of */
+        char why[400];
+        snprintf(why, sizeof why, "%s", cp_last_error());
+        return cpi_error(s, "cp_attn_plan_create: sizing the %s workspace: %s", backward ? "backward" : "forward",
+                         why);
+    }
     /* Each buffer fits (check_desc), but their sum may not. */
     CPI_CHECK(!a.overflow,
               "cp_attn_plan_create: the %s workspace of batch %lld x seq_len %lld x heads %d x head_dim %d/%d "
