@@ -1011,6 +1011,7 @@ typedef cp_kernel_attn_args KA;
         INT_CASE(KA, o_dtype, 7, E, "a->o_dtype = 7"), INT_CASE(KA, q_stride_s, -8, E, "a->q_stride_s = -8"), \
         INT_CASE(KA, lse_stride_h, -1, E, "a->lse_stride_h = -1"),                                     \
         INT_CASE(KA, batch, INT64_MAX, E, "elements overflows"),                                       \
+        INT_CASE(KA, batch, (int64_t)1 << 58, E, "a->q spans more than the address space"),            \
         INT_CASE(KA, v_stride_s, INT64_MAX / 2, E, "a->v spans more than the address space"),          \
         SHIFT_CASE(KA, q, 2, "a->q = "), SHIFT_CASE(KA, k, 1, "a->k = "), SHIFT_CASE(KA, v, 3, "a->v = "), \
         SHIFT_CASE(KA, o, 2, "a->o = "), SHIFT_CASE(KA, lse, 2, "a->lse = ")

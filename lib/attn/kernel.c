@@ -57,7 +57,8 @@ static cp_status check_tensor(const char *func, const char *name, const void *p,
     bool ok = !__builtin_mul_overflow(B - 1, *sb, &x) && !__builtin_add_overflow(last, x, &last) &&
               !__builtin_mul_overflow(S - 1, *ss, &x) && !__builtin_add_overflow(last, x, &last) &&
               !__builtin_mul_overflow(H - 1, *sh, &x) && !__builtin_add_overflow(last, x, &last) &&
-              !__builtin_mul_overflow(last + 1, (int64_t)es, &x) && (uint64_t)x <= PTRDIFF_MAX;
+              !__builtin_add_overflow(last, 1, &x) && !__builtin_mul_overflow(x, (int64_t)es, &x) &&
+              (uint64_t)x <= PTRDIFF_MAX;
     CPI_CHECK(ok,
               "%s: a->%s spans more than the address space (strides %" PRId64 ", %" PRId64 ", %" PRId64
               " over %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64 " elements)",
@@ -90,7 +91,8 @@ static cp_status check_lse(const char *func, const char *name, const float *p, b
     int64_t last = S - 1, x;
     bool ok = !__builtin_mul_overflow(B - 1, *sb, &x) && !__builtin_add_overflow(last, x, &last) &&
               !__builtin_mul_overflow(H - 1, *sh, &x) && !__builtin_add_overflow(last, x, &last) &&
-              !__builtin_mul_overflow(last + 1, (int64_t)sizeof(float), &x) && (uint64_t)x <= PTRDIFF_MAX;
+              !__builtin_add_overflow(last, 1, &x) && !__builtin_mul_overflow(x, (int64_t)sizeof(float), &x) &&
+              (uint64_t)x <= PTRDIFF_MAX;
     CPI_CHECK(ok, "%s: a->%s spans more than the address space (strides %" PRId64 ", %" PRId64 ")", func,
               name, *sb, *sh);
     return CP_SUCCESS;

@@ -86,6 +86,8 @@ ATTN = {
                                       grad_dtype=F32, grad_accumulate=1),
     "kernel-backward-overlapping-rows": kernel(backward=1, strides={"k": (0, 0, 4), "dk": (1, 1, 1)}),
     "kernel-size-overflow": kernel(batch=1 << 62),
+    # found by the fuzzer: the last element's offset was INT64_MAX, and one past it overflowed
+    "kernel-extent-int64-max": kernel(backward=1, batch=1 << 31, sq=1 << 28, heads=1, kv=1, dim=16),
     "merge-f32": merge(),
     "merge-mixed-strided": merge(batch=2, o_dtype=BF16, lse=(16, 4), part=(64, 16, 4)),
     "merge-bad-dtype": merge(o_dtype=F64),
