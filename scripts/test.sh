@@ -1,7 +1,8 @@
 #!/bin/sh
-# Build libinfinicp and run the whole test suite twice: a normal build (with
-# the CUDA module when nvcc is present) and an AddressSanitizer +
-# UndefinedBehaviorSanitizer build. Exits non-zero if any test failed.
+# Build libinfinicp and run the whole test suite three times: a normal build
+# (with the CUDA module when nvcc is present), the same build under valgrind
+# memcheck, and an AddressSanitizer + UndefinedBehaviorSanitizer build.
+# Exits non-zero if any test failed.
 set -u
 cd "$(dirname "$0")/.."
 sh scripts/deps.sh || exit 1
@@ -17,6 +18,9 @@ run_suite() { # build-dir, meson setup options...
 }
 
 run_suite build || status=1
+# Zero leaks and no uninitialised reads (tests/valgrind.supp: third-party noise only).
+echo "== build: meson test --setup valgrind"
+meson test -C build --setup valgrind --print-errorlogs --num-processes 2 || status=1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Ddocs=disabled \
     || status=1

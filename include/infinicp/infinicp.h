@@ -291,7 +291,7 @@ typedef enum cp_layout {
  * @param cp_size ranks in the CP group, >= 1.
  * @param cp_rank this rank's index in the CP group.
  * @param seq_len global sequence length, >= 1.
- * @param positions receives seq_len / cp_size positions.
+ * @param positions receives seq_len / cp_size positions (8-byte aligned).
  * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
  */
 cp_status cp_layout_positions(cp_layout l, int cp_size, int cp_rank, int64_t seq_len, int64_t *positions);
@@ -571,15 +571,17 @@ cp_status cp_attn_workspace_size(const cp_attn_plan *p, size_t *forward, size_t 
  * @brief CP attention forward (collective over the plan's group).
  *
  * Tensors hold this rank's tokens (seq_len / P per sample, in the layout's
- * order), dense in the descriptor's format and dtype, on the plan's device.
+ * order), dense in the descriptor's format and dtype, on the plan's device,
+ * each aligned to its elements.
  * @param p the plan.
  * @param q queries [batch, T, num_heads, head_dim] (BSHD; SBHD swaps batch and T).
  * @param k keys [batch, T, num_kv_heads, head_dim].
  * @param v values [batch, T, num_kv_heads, head_dim_v].
  * @param out receives the output [batch, T, num_heads, head_dim_v].
  * @param lse receives the log-sum-exp, fp32 [batch, num_heads, T].
- * @param workspace device memory of at least the forward workspace size, or
- *        NULL to let the plan allocate (and keep) its own.
+ * @param workspace device memory of at least the forward workspace size,
+ *        aligned to 16 bytes, or NULL to let the plan allocate (and keep)
+ *        its own.
  * @param workspace_bytes bytes at @p workspace.
  * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_TIMEOUT,
  *         #CP_ERROR_COMM, #CP_ERROR_BACKEND or #CP_ERROR_OUT_OF_MEMORY.
@@ -599,7 +601,8 @@ cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const v
  * @param dq receives the gradient for @p q.
  * @param dk receives the gradient for @p k (summed over all ranks' queries).
  * @param dv receives the gradient for @p v.
- * @param workspace device memory of at least the backward workspace size, or NULL.
+ * @param workspace device memory of at least the backward workspace size,
+ *        aligned to 16 bytes, or NULL.
  * @param workspace_bytes bytes at @p workspace.
  * @return as cp_attn_forward().
  */

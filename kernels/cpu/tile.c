@@ -5,23 +5,32 @@
 
 #include "kernels/cpu/tile.h"
 
+#ifdef CPI_HAVE_X86_TILES
+#include <cpuid.h>
+#endif
+
 typedef struct {
     const cpi_tile_ops *ops;
     bool (*usable)(void);
 } isa_entry;
 
 #ifdef CPI_HAVE_X86_TILES
+/* clang before 15 knows no "f16c" for __builtin_cpu_supports: ask cpuid. */
+static bool have_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
 static bool have_avx512(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("fma") && have_f16c();
 }
 static bool have_avx2(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && have_f16c();
 }
 #endif
 static bool always(void)

@@ -57,11 +57,18 @@ static cp_status check_tensor(const char *func, const char *name, const void *p,
     bool ok = !__builtin_mul_overflow(B - 1, *sb, &x) && !__builtin_add_overflow(last, x, &last) &&
               !__builtin_mul_overflow(S - 1, *ss, &x) && !__builtin_add_overflow(last, x, &last) &&
               !__builtin_mul_overflow(H - 1, *sh, &x) && !__builtin_add_overflow(last, x, &last) &&
-              !__builtin_mul_overflow(last + 1, (int64_t)es, &x) && (uint64_t)x <= PTRDIFF_MAX;
+              !__builtin_add_overflow(last, 1, &x) && !__builtin_mul_overflow(x, (int64_t)es, &x) &&
+              (uint64_t)x <= PTRDIFF_MAX;
     CPI_CHECK(ok,
               "%s: a->%s spans more than the address space (strides %" PRId64 ", %" PRId64 ", %" PRId64
               " over %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64 " elements)",
               func, name, *sb, *ss, *sh, B, S, H, D);
+    /* Strides may overlap rows, so a tensor that fits can still count more
+     * elements than int64 holds; the kernels count them. */
+    CPI_CHECK(!__builtin_mul_overflow(B, S, &x) && !__builtin_mul_overflow(x, H, &x) &&
+                  !__builtin_mul_overflow(x, D, &x),
+              "%s: a->%s of %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64 " elements overflows", func, name,
+              B, S, H, D);
     return CP_SUCCESS;
 }
 
@@ -84,7 +91,8 @@ static cp_status check_lse(const char *func, const char *name, const float *p, b
     int64_t last = S - 1, x;
     bool ok = !__builtin_mul_overflow(B - 1, *sb, &x) && !__builtin_add_overflow(last, x, &last) &&
               !__builtin_mul_overflow(H - 1, *sh, &x) && !__builtin_add_overflow(last, x, &last) &&
-              !__builtin_mul_overflow(last + 1, (int64_t)sizeof(float), &x) && (uint64_t)x <= PTRDIFF_MAX;
+              !__builtin_add_overflow(last, 1, &x) && !__builtin_mul_overflow(x, (int64_t)sizeof(float), &x) &&
+              (uint64_t)x <= PTRDIFF_MAX;
     CPI_CHECK(ok, "%s: a->%s spans more than the address space (strides %" PRId64 ", %" PRId64 ")", func,
               name, *sb, *sh);
     return CP_SUCCESS;
@@ -152,9 +160,7 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
               "%s: a->mask = %d (must be CP_MASK_NONE or CP_MASK_CAUSAL)", func, (int)a->mask);
     if (a->softmax_scale == 0.0)
         a->softmax_scale = 1.0 / sqrt((double)a->head_dim);
-    /* scores are scaled into base 2 in fp32: scale * log2(e) must be a finite float */
-    double base2 = a->softmax_scale * 1.4426950408889634;
-    CPI_CHECK(isfinite(a->softmax_scale) && fabs(base2) <= 3.0e38,
+    CPI_CHECK(cpi_softmax_scale_ok(a->softmax_scale),
               "%s: a->softmax_scale = %g (must be finite, |scale| <= 2e38; 0 for 1/sqrt(head_dim))", func,
               a->softmax_scale);
     CPI_TRY(check_result_dtype(func, "o_dtype", a->o_dtype, a->dtype));

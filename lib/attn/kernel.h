@@ -4,6 +4,8 @@
 #ifndef INFINICP_ATTN_KERNEL_H
 #define INFINICP_ATTN_KERNEL_H
 
+#include <math.h>
+
 #include "core/internal.h"
 
 /* What cpi_kernel_attn_args_check() requires. */
@@ -22,6 +24,13 @@ typedef enum {
  */
 cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args *a, cpi_kernel_use use,
                                      int backward_fields, cp_kernel_attn_args *out);
+
+/* Scores are scaled into base 2 in fp32: scale * log2(e) must be a finite
+ * float. The CP modes call the backends directly, so plans check it too. */
+static inline bool cpi_softmax_scale_ok(double scale)
+{
+    return isfinite(scale) && fabs(scale * 1.4426950408889634) <= 3.0e38;
+}
 
 /* The same for cp_kernel_merge(). */
 cp_status cpi_kernel_merge_args_check(const char *func, const cp_kernel_merge_args *a,

@@ -2,9 +2,12 @@
 /* cp_attn_plan: validation, the cross-rank agreement check, workspace
  * sizing, and dispatch to the modes. */
 #include <math.h>
+#include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/kernel.h"
 #include "attn/plan.h"
 
 /* First published cp_attn_desc: everything up to `mode`. */
@@ -38,8 +41,9 @@ static cp_status check_desc(const cp_attn_desc *d)
     CPI_CHECK(d->head_dim_v >= 0, "%s: desc->head_dim_v = %d (must be >= 0; 0 = head_dim)", f, d->head_dim_v);
     CPI_CHECK(d->mask == CP_MASK_NONE || d->mask == CP_MASK_CAUSAL,
               "%s: desc->mask = %d (must be CP_MASK_NONE (0) or CP_MASK_CAUSAL (1))", f, (int)d->mask);
-    CPI_CHECK(isfinite(d->softmax_scale), "%s: desc->softmax_scale = %g (must be finite; 0 = 1/sqrt(head_dim))",
-              f, d->softmax_scale);
+    CPI_CHECK(cpi_softmax_scale_ok(d->softmax_scale),
+              "%s: desc->softmax_scale = %g (must be finite, |scale| <= 2e38; 0 = 1/sqrt(head_dim))", f,
+              d->softmax_scale);
     CPI_CHECK(d->mode >= CP_MODE_ALL_GATHER && d->mode <= CP_MODE_A2A_P2P,
               "%s: desc->mode = %d (must be a cp_mode, 0..3)", f, (int)d->mode);
     /* the largest tensor any mode touches: batch x seq x heads x dim x 8 bytes */
@@ -166,10 +170,22 @@ static cp_status run_mode(cp_attn_plan *p, int backward, const void *args, cpi_a
 
 static cp_status measure(cp_attn_plan *p, int backward, size_t *bytes)
 {
-    cpi_arena a = { NULL, 0, 0, 1 };
+    cpi_arena a = { NULL, 0, 0, 1, 0 };
     cpi_fwd_args fa = { 0 };
     cpi_bwd_args ba = { 0 };
-    CPI_TRY(run_mode(p, backward, backward ? (const void *)&ba : (const void *)&fa, &a));
+    cp_status s = run_mode(p, backward, backward ? (const void *)&ba : (const void *)&fa, &a);
+    if (s != CP_SUCCESS) { /* the backend's scratch query names itself: say what it was part of */
+        char why[400];
+        snprintf(why, sizeof why, "%s", cp_last_error());
+        return cpi_error(s, "cp_attn_plan_create: sizing the %s workspace: %s", backward ? "backward" : "forward",
+                         why);
+    }
+    /* Each buffer fits (check_desc), but their sum may not. */
+    CPI_CHECK(!a.overflow,
+              "cp_attn_plan_create: the %s workspace of batch %lld x seq_len %lld x heads %d x head_dim %d/%d "
+              "(mode %s) overflows size_t",
+              backward ? "backward" : "forward", (long long)p->d.batch, (long long)p->d.seq_len, p->d.num_heads,
+              p->d.head_dim, p->d.head_dim_v, mode_name(p->d.mode));
     *bytes = a.used;
     return CP_SUCCESS;
 }
@@ -245,9 +261,35 @@ CP_EXPORT cp_status cp_attn_workspace_size(const cp_attn_plan *p, size_t *forwar
     return CP_SUCCESS;
 }
 
+/* A tensor the caller hands forward or backward: it is read or written as
+ * an array of the plan's dtype (the LSE of floats), so it must be aligned
+ * to its elements. */
+typedef struct tensor_arg {
+    const char *name;
+    const void *ptr;
+    size_t align;
+} tensor_arg;
+
+static cp_status check_tensors(const char *func, const tensor_arg *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        CPI_CHECK(t[i].ptr != NULL, "%s: %s is NULL", func, t[i].name);
+        CPI_CHECK((uintptr_t)t[i].ptr % t[i].align == 0, "%s: %s = %p is not aligned to its %zu-byte elements",
+                  func, t[i].name, t[i].ptr, t[i].align);
+    }
+    return CP_SUCCESS;
+}
+
+/* The workspace is carved into tensors at 256-byte offsets from its start;
+ * 16 bytes is what malloc and cudaMalloc give at least, and enough for the
+ * vector loads of every backend. */
+#define WORKSPACE_ALIGN 16
+
 static cp_status workspace(cp_attn_plan *p, void *ws, size_t bytes, size_t need, const char *func,
                            cpi_arena *a)
 {
+    CPI_CHECK((uintptr_t)ws % WORKSPACE_ALIGN == 0, "%s: workspace = %p is not aligned to %d bytes", func, ws,
+              WORKSPACE_ALIGN);
     if (!ws) {
         if (!p->own_ws) {
             size_t all = p->ws_fwd > p->ws_bwd ? p->ws_fwd : p->ws_bwd;
@@ -259,7 +301,7 @@ static cp_status workspace(cp_attn_plan *p, void *ws, size_t bytes, size_t need,
     }
     CPI_CHECK(bytes >= need, "%s: workspace_bytes = %zu (the plan needs %zu; see cp_attn_workspace_size)", func,
               bytes, need);
-    *a = (cpi_arena){ ws, 0, bytes, 0 };
+    *a = (cpi_arena){ ws, 0, bytes, 0, 0 };
     return CP_SUCCESS;
 }
 
@@ -267,11 +309,10 @@ CP_EXPORT cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *
                                     float *lse, void *workspace_ptr, size_t workspace_bytes)
 {
     CPI_CHECK_PTR(p);
-    CPI_CHECK_PTR(q);
-    CPI_CHECK_PTR(k);
-    CPI_CHECK_PTR(v);
-    CPI_CHECK_PTR(out);
-    CPI_CHECK_PTR(lse);
+    const size_t es = cpi_dtype_size(p->d.dtype);
+    const tensor_arg t[] = { { "q", q, es }, { "k", k, es }, { "v", v, es }, { "out", out, es },
+                             { "lse", lse, sizeof(float) } };
+    CPI_TRY(check_tensors(__func__, t, sizeof t / sizeof t[0]));
     cpi_arena a;
     CPI_TRY(workspace(p, workspace_ptr, workspace_bytes, p->ws_fwd, __func__, &a));
     cpi_fwd_args args = { q, k, v, out, lse };
@@ -283,15 +324,11 @@ CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void 
                                      void *dv, void *workspace_ptr, size_t workspace_bytes)
 {
     CPI_CHECK_PTR(p);
-    CPI_CHECK_PTR(q);
-    CPI_CHECK_PTR(k);
-    CPI_CHECK_PTR(v);
-    CPI_CHECK_PTR(out);
-    CPI_CHECK_PTR(lse);
-    CPI_CHECK_PTR(dout);
-    CPI_CHECK_PTR(dq);
-    CPI_CHECK_PTR(dk);
-    CPI_CHECK_PTR(dv);
+    const size_t es = cpi_dtype_size(p->d.dtype);
+    const tensor_arg t[] = { { "q", q, es },     { "k", k, es },   { "v", v, es },
+                             { "out", out, es }, { "lse", lse, sizeof(float) }, { "dout", dout, es },
+                             { "dq", dq, es },   { "dk", dk, es }, { "dv", dv, es } };
+    CPI_TRY(check_tensors(__func__, t, sizeof t / sizeof t[0]));
     cpi_arena a;
     CPI_TRY(workspace(p, workspace_ptr, workspace_bytes, p->ws_bwd, __func__, &a));
     cpi_bwd_args args = { q, k, v, out, dout, lse, dq, dk, dv };

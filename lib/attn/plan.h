@@ -47,6 +47,7 @@ typedef struct cpi_arena {
     char *base;
     size_t used, cap;
     int measuring; /* count only: base is NULL */
+    int overflow;  /* measuring: the total no longer fits in size_t */
 } cpi_arena;
 
 struct cp_attn_plan {
@@ -70,7 +71,8 @@ struct cp_attn_plan {
     size_t own_ws_bytes;
 };
 
-/* Workspace arena. */
+/* Workspace arena. A total past SIZE_MAX sets `overflow` (only measuring
+ * can get there: a real run fits in what was measured). */
 void *cpi_arena_take(cpi_arena *a, size_t bytes);
 
 /* Element offset and bytes of tensors and LSE buffers. */

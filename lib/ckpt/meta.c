@@ -92,6 +92,11 @@ CP_EXPORT cp_status cp_ckpt_meta_create(const cp_topology *t, const cp_attn_desc
     static const cp_attn_desc defaults = CP_ATTN_DESC_INIT;
     cp_attn_desc a;
     CPI_TRY(cpi_copy_config(&a, sizeof a, &defaults, d, ATTN_DESC_V1_SIZE, __func__, "d"));
+    /* Not recorded, but a descriptor with them out of range describes no run. */
+    CPI_CHECK(a.format == CP_FORMAT_BSHD || a.format == CP_FORMAT_SBHD,
+              "%s: d->format = %d (must be CP_FORMAT_BSHD (0) or CP_FORMAT_SBHD (1))", __func__, (int)a.format);
+    CPI_CHECK(a.mask == CP_MASK_NONE || a.mask == CP_MASK_CAUSAL,
+              "%s: d->mask = %d (must be CP_MASK_NONE (0) or CP_MASK_CAUSAL (1))", __func__, (int)a.mask);
 
     cp_ckpt_meta *m = cpi_calloc(1, sizeof *m);
     if (!m)

@@ -40,8 +40,8 @@ CP_EXPORT cp_status cp_layout_gather(cp_group *g, cp_layout l, const void *local
     CPI_CHECK(token_bytes >= 1, "%s: token_bytes = %zu (must be >= 1)", __func__, token_bytes);
     size_t rows, total, shard;
     CPI_CHECK((uint64_t)batch <= SIZE_MAX && cpi_mul((size_t)batch, (size_t)seq_len, &rows) &&
-                  cpi_mul(rows, token_bytes, &total),
-              "%s: batch = %lld x seq_len = %lld x token_bytes = %zu overflows size_t", __func__,
+                  cpi_mul(rows, token_bytes, &total) && total <= PTRDIFF_MAX,
+              "%s: batch = %lld x seq_len = %lld x token_bytes = %zu overflows the address space", __func__,
               (long long)batch, (long long)seq_len, token_bytes);
     shard = total / (size_t)g->size;
     CPI_CHECK(!overlap(local, shard, global, total), "%s: local %p overlaps global %p", __func__, local,

@@ -2,6 +2,8 @@
 /* Sequence layouts: which global positions a CP rank holds, and copying a
  * rank's share out of a whole [batch, seq, token] tensor. Both go through
  * the rank's spans, so the two layouts are the same code. */
+#include <stdint.h>
+
 #include "core/context.h"
 #include "layout/spans.h"
 
@@ -10,6 +12,13 @@ CP_EXPORT cp_status cp_layout_positions(cp_layout l, int cp_size, int cp_rank, i
 {
     CPI_TRY(cpi_layout_check(__func__, l, cp_size, cp_rank, seq_len));
     CPI_CHECK_PTR(positions);
+    CPI_CHECK((uintptr_t)positions % sizeof *positions == 0,
+              "%s: positions = %p is not aligned to its 8-byte elements", __func__, (void *)positions);
+    /* More positions than bytes of address space cannot have been allocated. */
+    size_t bytes;
+    CPI_CHECK(cpi_mul((size_t)(seq_len / cp_size), sizeof *positions, &bytes) && bytes <= PTRDIFF_MAX,
+              "%s: seq_len / cp_size = %lld positions overflow the address space", __func__,
+              (long long)(seq_len / cp_size));
     cpi_span spans[CPI_MAX_SPANS];
     int n = cpi_layout_spans(l, cp_size, cp_rank, seq_len, spans);
     for (int i = 0; i < n; i++)

@@ -313,15 +313,20 @@ static size_t dtype_size(cp_dtype t)
 static cp_status reduction(mpi_impl *m, const cp_xfer *x, cpi_call_kind kind, const void *send, void *recv,
                            size_t count, cp_dtype dtype, cp_reduce_op op)
 {
-    cp_status s = CP_SUCCESS;
     bool half = dtype == CP_DTYPE_F16 || dtype == CP_DTYPE_BF16;
-    size_t in = kind == CPI_CALL_REDUCE_SCATTER ? count * (size_t)m->size : count;
+    size_t in = kind == CPI_CALL_REDUCE_SCATTER ? count * (size_t)m->size : count; /* the core checked in * esize */
     size_t esize = dtype_size(dtype), wsize = half ? 4 : esize;
+    /* Widened to F32, F16/BF16 take twice the bytes the core checked. */
+    cp_status s = CP_SUCCESS;
+    if (in > SIZE_MAX / wsize)
+        s = fail(CP_ERROR_INVALID_ARGUMENT, "mpi %s: %zu elements widened to F32 overflow size_t",
+                 cpi_call_name(kind), in);
+    bool room = s == CP_SUCCESS;
     /* raw: the send elements as stored; wide: as reduced (one buffer when
      * no widening is needed); out: the result, separate for reduce_scatter */
-    void *raw = host_alloc(in * esize, &s);
-    void *wide = half ? host_alloc(in * wsize, &s) : raw;
-    void *out = kind == CPI_CALL_REDUCE_SCATTER ? host_alloc(count * wsize, &s) : wide;
+    void *raw = room ? host_alloc(in * esize, &s) : NULL;
+    void *wide = half && room ? host_alloc(in * wsize, &s) : raw;
+    void *out = kind == CPI_CALL_REDUCE_SCATTER && room ? host_alloc(count * wsize, &s) : wide;
     if (s == CP_SUCCESS && count > INT_MAX)
         s = fail(CP_ERROR_UNSUPPORTED, "mpi %s: count = %zu exceeds MPI's int counts", cpi_call_name(kind), count);
     if (s == CP_SUCCESS)

@@ -270,14 +270,15 @@ CP_EXPORT cp_status cp_topology_group(const cp_topology *t, int rank, unsigned a
         for (int i = 0; i < NUM_DIMS; i++)
             if ((d[i].bits & axes) && d[i].size > 1)
                 free_[nfree++] = d[i];
-        int r = p.base;
+        /* int64: past the last member the odometer may step beyond INT_MAX */
+        int64_t r = p.base;
         for (int k = 0; k < p.count; k++) {
-            ranks[k] = r;
+            ranks[k] = (int)r;
             for (int i = 0; i < nfree; i++) {
                 r += free_[i].stride;
                 if (++digit[i] < free_[i].size)
                     break;
-                r -= free_[i].size * free_[i].stride;
+                r -= (int64_t)free_[i].size * free_[i].stride;
                 digit[i] = 0;
             }
         }

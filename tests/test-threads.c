@@ -1,0 +1,244 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Thread safety: 8 CP attention jobs, each with its own local world,
+ * contexts, groups and plans (modes, dtypes, layouts, formats and group
+ * sizes all differ), run forward and backward at the same time - one thread
+ * per rank, 20 in all - and must give bit for bit what the same jobs give
+ * when they run one after another.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <infinicp/infinicp.h>
+
+#include "testutil.h"
+
+enum { JOBS = 8, MAX_P = 4, B = 2, S = 32, H = 4, HKV = 2, D = 16 };
+
+typedef struct job_cfg {
+    cp_mode mode;
+    cp_dtype dtype;
+    cp_format format;
+    cp_layout layout;
+    cp_mask mask;
+    int P, a2a, threads; /* ranks, a2a size, CPU threads of each context */
+} job_cfg;
+
+static const job_cfg jobs[JOBS] = {
+    { CP_MODE_P2P, CP_DTYPE_F32, CP_FORMAT_BSHD, CP_LAYOUT_CONTIGUOUS, CP_MASK_CAUSAL, 2, 1, 2 },
+    { CP_MODE_ALL_GATHER, CP_DTYPE_BF16, CP_FORMAT_SBHD, CP_LAYOUT_ZIGZAG, CP_MASK_CAUSAL, 2, 1, 1 },
+    { CP_MODE_A2A, CP_DTYPE_F16, CP_FORMAT_BSHD, CP_LAYOUT_CONTIGUOUS, CP_MASK_NONE, 2, 1, 2 },
+    { CP_MODE_A2A_P2P, CP_DTYPE_F32, CP_FORMAT_BSHD, CP_LAYOUT_ZIGZAG, CP_MASK_CAUSAL, 4, 2, 1 },
+    { CP_MODE_P2P, CP_DTYPE_BF16, CP_FORMAT_BSHD, CP_LAYOUT_ZIGZAG, CP_MASK_CAUSAL, 4, 1, 2 },
+    { CP_MODE_ALL_GATHER, CP_DTYPE_F32, CP_FORMAT_SBHD, CP_LAYOUT_CONTIGUOUS, CP_MASK_NONE, 1, 1, 1 },
+    { CP_MODE_A2A, CP_DTYPE_F32, CP_FORMAT_SBHD, CP_LAYOUT_ZIGZAG, CP_MASK_CAUSAL, 4, 1, 2 },
+    { CP_MODE_P2P, CP_DTYPE_F16, CP_FORMAT_BSHD, CP_LAYOUT_CONTIGUOUS, CP_MASK_CAUSAL, 1, 1, 1 },
+};
+
+/* One rank's tensors: inputs q, k, v, dout; results out, lse, dq, dk, dv. */
+typedef struct tensors {
+    void *q, *k, *v, *dout, *out, *dq, *dk, *dv;
+    float *lse;
+    size_t nq, nk, es; /* elements of q-like and k-like tensors, element size */
+} tensors;
+
+typedef struct rank_run {
+    const job_cfg *cfg;
+    int job, rank;
+    cp_comm *comm;
+    tensors t;
+    cp_status status;
+    char error[512];
+} rank_run;
+
+/* Deterministic values of the job's dtype in [-2, 2], different per job,
+ * rank and tensor: BF16 as the top half of an F32, F16 built from bits. */
+static void fill(void *p, size_t n, cp_dtype t, uint32_t seed)
+{
+    uint32_t x = seed * 2654435761u + 12345u;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        uint32_t r = x >> 8;
+        if (t == CP_DTYPE_F32) {
+            float f = (float)(r % 4001) / 1000.0f - 2.0f;
+            memcpy((char *)p + 4 * i, &f, 4);
+        } else if (t == CP_DTYPE_BF16) {
+            float f = (float)(r % 4001) / 1000.0f - 2.0f;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            uint16_t h = (uint16_t)(u >> 16);
+            memcpy((char *)p + 2 * i, &h, 2);
+        } else { /* sign, exponent 11..15 (2^-4 .. 2), mantissa */
+            uint16_t h = (uint16_t)(((r & 1) << 15) | ((11 + (r >> 1) % 5) << 10) | ((r >> 4) & 0x3ff));
+            memcpy((char *)p + 2 * i, &h, 2);
+        }
+    }
+}
+
+static void tensors_alloc(tensors *t, const job_cfg *c, int job, int rank)
+{
+    t->es = c->dtype == CP_DTYPE_F32 ? 4 : 2;
+    const size_t tok = (size_t)(B * S / c->P);
+    t->nq = tok * H * D;
+    t->nk = tok * HKV * D;
+    void **q_like[] = { &t->q, &t->dout, &t->out, &t->dq }, **k_like[] = { &t->k, &t->v, &t->dk, &t->dv };
+    for (int i = 0; i < 4; i++) {
+        *q_like[i] = calloc(t->nq, t->es);
+        *k_like[i] = calloc(t->nk, t->es);
+        assert_true(*q_like[i] && *k_like[i]);
+    }
+    t->lse = calloc(tok * H, sizeof *t->lse);
+    assert_non_null(t->lse);
+    const uint32_t seed = (uint32_t)(job * 64 + rank * 4);
+    fill(t->q, t->nq, c->dtype, seed);
+    fill(t->k, t->nk, c->dtype, seed + 1);
+    fill(t->v, t->nk, c->dtype, seed + 2);
+    fill(t->dout, t->nq, c->dtype, seed + 3);
+}
+
+static void tensors_free(tensors *t)
+{
+    void *all[] = { t->q, t->k, t->v, t->dout, t->out, t->dq, t->dk, t->dv, t->lse };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+/* One rank of one job: its own context, group and plan, forward and backward. */
+static void *rank_main(void *p)
+{
+    rank_run *r = p;
+    const job_cfg *c = r->cfg;
+    cp_context *ctx = NULL;
+    cp_group *g = NULL;
+    cp_attn_plan *plan = NULL;
+    cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+    cc.num_threads = c->threads;
+    cp_group_config gc = CP_GROUP_CONFIG_INIT;
+    gc.a2a_size = c->a2a;
+    gc.timeout_ms = 120000;
+    cp_attn_desc d = CP_ATTN_DESC_INIT;
+    d.dtype = c->dtype;
+    d.format = c->format;
+    d.batch = B;
+    d.seq_len = S;
+    d.num_heads = H;
+    d.num_kv_heads = HKV;
+    d.head_dim = D;
+    d.mask = c->mask;
+    d.layout = c->layout;
+    d.mode = c->mode;
+    tensors *t = &r->t;
+    cp_status s = cp_context_create(&cc, &ctx);
+    if (s == CP_SUCCESS)
+        s = cp_group_create(ctx, r->comm, &gc, &g);
+    if (s == CP_SUCCESS)
+        s = cp_attn_plan_create(g, &d, &plan);
+    if (s == CP_SUCCESS)
+        s = cp_attn_forward(plan, t->q, t->k, t->v, t->out, t->lse, NULL, 0);
+    if (s == CP_SUCCESS)
+        s = cp_attn_backward(plan, t->q, t->k, t->v, t->out, t->lse, t->dout, t->dq, t->dk, t->dv, NULL, 0);
+    r->status = s;
+    if (s != CP_SUCCESS)
+        snprintf(r->error, sizeof r->error, "%s", cp_last_error());
+    cp_attn_plan_destroy(plan);
+    cp_group_destroy(g);
+    cp_context_destroy(ctx);
+    return NULL;
+}
+
+typedef struct runs {
+    rank_run r[JOBS][MAX_P];
+    cp_comm *comms[JOBS][MAX_P];
+} runs;
+
+static void prepare(runs *all)
+{
+    for (int j = 0; j < JOBS; j++) {
+        assert_int_equal(cp_comm_create_local(jobs[j].P, all->comms[j]), CP_SUCCESS);
+        for (int i = 0; i < jobs[j].P; i++) {
+            rank_run *r = &all->r[j][i];
+            *r = (rank_run){ .cfg = &jobs[j], .job = j, .rank = i, .comm = all->comms[j][i] };
+            tensors_alloc(&r->t, &jobs[j], j, i);
+        }
+    }
+}
+
+static void finish(runs *all)
+{
+    for (int j = 0; j < JOBS; j++)
+        for (int i = 0; i < jobs[j].P; i++) {
+            if (all->r[j][i].status != CP_SUCCESS)
+                fail_msg("job %d rank %d: %s", j, i, all->r[j][i].error);
+            cp_comm_destroy(all->comms[j][i]);
+        }
+}
+
+/* Start the ranks of jobs [first, last) and wait for them. */
+static void run_jobs(runs *all, int first, int last)
+{
+    pthread_t th[JOBS][MAX_P];
+    for (int j = first; j < last; j++)
+        for (int i = 0; i < jobs[j].P; i++)
+            assert_int_equal(pthread_create(&th[j][i], NULL, rank_main, &all->r[j][i]), 0);
+    for (int j = first; j < last; j++)
+        for (int i = 0; i < jobs[j].P; i++)
+            pthread_join(th[j][i], NULL);
+}
+
+static void test_concurrent_equals_serial(void **state)
+{
+    (void)state;
+    runs *serial = calloc(1, sizeof *serial), *together = calloc(1, sizeof *together);
+    assert_true(serial && together);
+    prepare(serial);
+    prepare(together);
+    for (int j = 0; j < JOBS; j++)
+        run_jobs(serial, j, j + 1);
+    run_jobs(together, 0, JOBS);
+    finish(serial);
+    finish(together);
+    for (int j = 0; j < JOBS; j++)
+        for (int i = 0; i < jobs[j].P; i++) {
+            const tensors *a = &serial->r[j][i].t, *b = &together->r[j][i].t;
+            const struct {
+                const char *name;
+                const void *x, *y;
+                size_t bytes;
+            } results[] = {
+                { "out", a->out, b->out, a->nq * a->es }, { "lse", a->lse, b->lse, a->nq / D * sizeof(float) },
+                { "dq", a->dq, b->dq, a->nq * a->es },    { "dk", a->dk, b->dk, a->nk * a->es },
+                { "dv", a->dv, b->dv, a->nk * a->es },
+            };
+            for (size_t k = 0; k < sizeof results / sizeof results[0]; k++) {
+                const unsigned char *x = results[k].x;
+                size_t nonzero = 0;
+                for (size_t n = 0; n < results[k].bytes; n++)
+                    nonzero += x[n] != 0;
+                if (nonzero < results[k].bytes / 4) /* a result, not an untouched buffer */
+                    fail_msg("job %d rank %d: %s is mostly zero", j, i, results[k].name);
+                if (memcmp(results[k].x, results[k].y, results[k].bytes))
+                    fail_msg("job %d rank %d: %s differs between the serial and the concurrent run", j, i,
+                             results[k].name);
+            }
+            tensors_free(&serial->r[j][i].t);
+            tensors_free(&together->r[j][i].t);
+        }
+    free(serial);
+    free(together);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_concurrent_equals_serial),
+    };
+    return cmocka_run_group_tests_name("threads", tests, NULL, NULL);
+}
