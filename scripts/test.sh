@@ -1,8 +1,12 @@
 #!/bin/sh
-# Build libinfinicp and run the whole test suite three times: a normal build
-# (with the CUDA module when nvcc is present), the same build under valgrind
-# memcheck, and an AddressSanitizer + UndefinedBehaviorSanitizer build.
-# Exits non-zero if any test failed.
+# Build libinfinicp and run the whole test suite: the CMocka suites three
+# times (a normal build with the CUDA module when nvcc is present, the same
+# build under valgrind memcheck, an AddressSanitizer + UndefinedBehaviorSanitizer
+# build), every libFuzzer target under ASan+UBSan (FUZZ_SECONDS each, default
+# 60), and the Debian packages (build, lintian, install, autopkgtests, man
+# pages, purge; scripts/packages.sh). Exits non-zero if anything failed; the
+# fuzz and package steps write one PASS/FAIL/SKIP line per check into
+# build-fuzz/results.txt and build-packages/results.txt.
 set -u
 cd "$(dirname "$0")/.."
 sh scripts/deps.sh || exit 1
@@ -24,4 +28,8 @@ meson test -C build --setup valgrind --print-errorlogs --num-processes 2 || stat
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Ddocs=disabled \
     || status=1
+echo "== fuzzers: ${FUZZ_SECONDS:-60} s each"
+sh scripts/fuzz.sh "${FUZZ_SECONDS:-60}" || status=1
+echo "== Debian packages"
+sh scripts/packages.sh || status=1
 exit $status
