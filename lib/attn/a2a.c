@@ -21,15 +21,6 @@ static int sub_rank(const cp_attn_plan *p, int member)
     return p->ring_rank * p->A + member;
 }
 
-/* Block `member` of an exchange buffer, as a dense [s_loc, slice] view. */
-static cpi_tensor block_t(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int member)
-{
-    const cpi_tensor *h = it->tensor_h;
-    cpi_tensor b = { NULL, p->s_loc, h->heads, h->dim, h->dtype };
-    b.p = (char *)base + (size_t)member * cpi_tensor_bytes(p, &b);
-    return b;
-}
-
 static cpi_lse block_l(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int member)
 {
     cpi_lse b = { NULL, p->s_loc, it->lse_h->heads, NULL };
@@ -60,7 +51,7 @@ static cp_status member_rows(const cp_attn_plan *p, const cpi_a2a_item *it, void
             CPI_TRY(to_block ? cpi_copy_lse(p, &b, local, 0, it->lse_h, row, 0, spans[i].len, b.heads)
                              : cpi_copy_lse(p, it->lse_h, row, 0, &b, local, 0, spans[i].len, b.heads));
         } else {
-            cpi_tensor b = block_t(p, it, base, m);
+            cpi_tensor b = cpi_tensor_block(p, it->tensor_h, base, m);
             CPI_TRY(to_block ? cpi_copy_tokens(p, &b, local, 0, it->tensor_h, row, 0, spans[i].len, b.heads)
                              : cpi_copy_tokens(p, it->tensor_h, row, 0, &b, local, 0, spans[i].len, b.heads));
         }
@@ -79,7 +70,7 @@ static cp_status member_heads(const cp_attn_plan *p, const cpi_a2a_item *it, voi
         return to_block ? cpi_copy_lse(p, &b, 0, 0, it->lse, 0, first, p->s_loc, b.heads)
                         : cpi_copy_lse(p, it->lse, 0, first, &b, 0, 0, p->s_loc, b.heads);
     }
-    cpi_tensor b = block_t(p, it, base, m);
+    cpi_tensor b = cpi_tensor_block(p, it->tensor_h, base, m);
     return to_block ? cpi_copy_tokens(p, &b, 0, 0, it->tensor, 0, first, p->s_loc, b.heads)
                     : cpi_copy_tokens(p, it->tensor, 0, first, &b, 0, 0, p->s_loc, b.heads);
 }

@@ -15,13 +15,6 @@ typedef struct gathered {
     size_t scratch_bytes;
 } gathered;
 
-static cpi_tensor block(const cp_attn_plan *p, const cpi_tensor *all, int r)
-{
-    cpi_tensor b = { NULL, p->s_loc, all->heads, all->dim, all->dtype };
-    b.p = (char *)all->p + (size_t)r * cpi_tensor_bytes(p, &b);
-    return b;
-}
-
 static cp_status take_gathered(cp_attn_plan *p, cpi_arena *ws, int backward, gathered *g)
 {
     const cp_attn_desc *d = &p->d;
@@ -55,12 +48,12 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
     if (ws->measuring)
         return CP_SUCCESS;
 
-    cpi_tensor q = { (void *)a->q, p->s_loc, d->num_heads, d->head_dim, d->dtype };
-    cpi_tensor out = { a->out, p->s_loc, d->num_heads, d->head_dim_v, d->dtype };
+    cpi_tensor q = cpi_user_tensor(p, a->q, d->num_heads, d->head_dim, d->dtype);
+    cpi_tensor out = cpi_user_tensor(p, a->out, d->num_heads, d->head_dim_v, d->dtype);
     CPI_TRY(gather(p, a->k, a->v, &g));
     CPI_TRY(cpi_init_partial(p, &o32, &lse));
     for (int r = 0; r < p->P; r++) {
-        cpi_tensor k = block(p, &g.k, r), v = block(p, &g.v, r);
+        cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.p, r), v = cpi_tensor_block(p, &g.v, g.v.p, r);
         cpi_block_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .o32 = &o32,
                             .lse = &lse, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
         CPI_TRY(cpi_attend(p, &io, 0));
@@ -82,20 +75,20 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
     if (ws->measuring)
         return CP_SUCCESS;
 
-    cpi_tensor q = { (void *)a->q, p->s_loc, d->num_heads, d->head_dim, d->dtype };
-    cpi_tensor o = { (void *)a->out, p->s_loc, d->num_heads, d->head_dim_v, d->dtype };
-    cpi_tensor dout = { (void *)a->dout, p->s_loc, d->num_heads, d->head_dim_v, d->dtype };
-    cpi_tensor dq = { a->dq, p->s_loc, d->num_heads, d->head_dim, d->dtype };
-    cpi_tensor dk = { a->dk, p->s_loc, d->num_kv_heads, d->head_dim, d->dtype };
-    cpi_tensor dv = { a->dv, p->s_loc, d->num_kv_heads, d->head_dim_v, d->dtype };
+    cpi_tensor q = cpi_user_tensor(p, a->q, d->num_heads, d->head_dim, d->dtype);
+    cpi_tensor o = cpi_user_tensor(p, a->out, d->num_heads, d->head_dim_v, d->dtype);
+    cpi_tensor dout = cpi_user_tensor(p, a->dout, d->num_heads, d->head_dim_v, d->dtype);
+    cpi_tensor dq = cpi_user_tensor(p, a->dq, d->num_heads, d->head_dim, d->dtype);
+    cpi_tensor dk = cpi_user_tensor(p, a->dk, d->num_kv_heads, d->head_dim, d->dtype);
+    cpi_tensor dv = cpi_user_tensor(p, a->dv, d->num_kv_heads, d->head_dim_v, d->dtype);
     cpi_lse lse = { (float *)a->lse, p->s_loc, d->num_heads, NULL };
     CPI_TRY(gather(p, a->k, a->v, &g));
     CPI_TRY(cpi_zero(p, &dkg));
     CPI_TRY(cpi_zero(p, &dvg));
     CPI_TRY(cpi_zero(p, &dq32));
     for (int r = 0; r < p->P; r++) {
-        cpi_tensor k = block(p, &g.k, r), v = block(p, &g.v, r);
-        cpi_tensor dk_r = block(p, &dkg, r), dv_r = block(p, &dvg, r);
+        cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.p, r), v = cpi_tensor_block(p, &g.v, g.v.p, r);
+        cpi_tensor dk_r = cpi_tensor_block(p, &dkg, dkg.p, r), dv_r = cpi_tensor_block(p, &dvg, dvg.p, r);
         cpi_block_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .lse = &lse,
                             .o = &o, .dout = &dout, .dq32 = &dq32, .dk32 = &dk_r, .dv32 = &dv_r,
                             .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };

@@ -8,13 +8,6 @@
  */
 #include "attn/plan.h"
 
-/* The caller's dense tensors as views. */
-static cpi_tensor user_t(const cp_attn_plan *p, const void *ptr, int32_t heads, int32_t dim, cp_dtype dt)
-{
-    cpi_tensor t = { (void *)ptr, p->s_loc, heads, dim, dt };
-    return t;
-}
-
 /* Exchange buffers: large enough for the largest of the given items. */
 static void take_exchange(cp_attn_plan *p, cpi_arena *ws, const cpi_a2a_item *items, int n, void **send,
                           void **recv)
@@ -34,10 +27,10 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     const cp_attn_desc *d = &p->d;
     const int32_t H = d->num_heads, Hkv = d->num_kv_heads, hq = p->heads.hq, hkv = p->heads.hkv;
     const int64_t T = p->sub[p->ring_rank].ntok;
-    cpi_tensor uq = user_t(p, a->q, H, d->head_dim, d->dtype);
-    cpi_tensor uk = user_t(p, a->k, Hkv, d->head_dim, d->dtype);
-    cpi_tensor uv = user_t(p, a->v, Hkv, d->head_dim_v, d->dtype);
-    cpi_tensor uo = user_t(p, a->out, H, d->head_dim_v, d->dtype);
+    cpi_tensor uq = cpi_user_tensor(p, a->q, H, d->head_dim, d->dtype);
+    cpi_tensor uk = cpi_user_tensor(p, a->k, Hkv, d->head_dim, d->dtype);
+    cpi_tensor uv = cpi_user_tensor(p, a->v, Hkv, d->head_dim_v, d->dtype);
+    cpi_tensor uo = cpi_user_tensor(p, a->out, H, d->head_dim_v, d->dtype);
     cpi_lse ulse = { a->lse, p->s_loc, H, NULL };
 
     /* With A == 1 the head side is the caller's own tensors. */
@@ -84,10 +77,10 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
     const int32_t H = d->num_heads, Hkv = d->num_kv_heads, hq = p->heads.hq, hkv = p->heads.hkv;
     const int32_t D = d->head_dim, Dv = d->head_dim_v;
     const int64_t T = p->sub[p->ring_rank].ntok;
-    cpi_tensor uq = user_t(p, a->q, H, D, d->dtype), uk = user_t(p, a->k, Hkv, D, d->dtype),
-               uv = user_t(p, a->v, Hkv, Dv, d->dtype), uo = user_t(p, a->out, H, Dv, d->dtype),
-               udo = user_t(p, a->dout, H, Dv, d->dtype), udq = user_t(p, a->dq, H, D, d->dtype),
-               udk = user_t(p, a->dk, Hkv, D, d->dtype), udv = user_t(p, a->dv, Hkv, Dv, d->dtype);
+    cpi_tensor uq = cpi_user_tensor(p, a->q, H, D, d->dtype), uk = cpi_user_tensor(p, a->k, Hkv, D, d->dtype),
+               uv = cpi_user_tensor(p, a->v, Hkv, Dv, d->dtype), uo = cpi_user_tensor(p, a->out, H, Dv, d->dtype),
+               udo = cpi_user_tensor(p, a->dout, H, Dv, d->dtype), udq = cpi_user_tensor(p, a->dq, H, D, d->dtype),
+               udk = cpi_user_tensor(p, a->dk, Hkv, D, d->dtype), udv = cpi_user_tensor(p, a->dv, Hkv, Dv, d->dtype);
     cpi_lse ulse = { (float *)a->lse, p->s_loc, H, NULL };
 
     cpi_tensor qh = uq, kh = uk, vh = uv, oh = uo, doh = udo, dqh = udq;

@@ -81,6 +81,11 @@ void cpi_tensor_strides(const cp_attn_plan *p, const cpi_tensor *t, int64_t *sb,
 cpi_tensor cpi_tensor_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads, int32_t dim,
                            cp_dtype dtype);
 cpi_lse cpi_lse_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads);
+/* A caller's tensor: this rank's s_loc tokens, dense. */
+cpi_tensor cpi_user_tensor(const cp_attn_plan *p, const void *ptr, int32_t heads, int32_t dim, cp_dtype dtype);
+/* Block i of a buffer of consecutive dense [s_loc, like->heads, like->dim]
+ * blocks of like->dtype starting at base (gathered or exchanged data). */
+cpi_tensor cpi_tensor_block(const cp_attn_plan *p, const cpi_tensor *like, void *base, int i);
 /* Give l a residual buffer from the arena (for partial results). */
 void cpi_lse_take_lo(const cp_attn_plan *p, cpi_arena *a, cpi_lse *l);
 

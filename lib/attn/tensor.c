@@ -49,6 +49,19 @@ cpi_tensor cpi_tensor_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, in
     return t;
 }
 
+cpi_tensor cpi_user_tensor(const cp_attn_plan *p, const void *ptr, int32_t heads, int32_t dim, cp_dtype dtype)
+{
+    cpi_tensor t = { (void *)ptr, p->s_loc, heads, dim, dtype };
+    return t;
+}
+
+cpi_tensor cpi_tensor_block(const cp_attn_plan *p, const cpi_tensor *like, void *base, int i)
+{
+    cpi_tensor b = { NULL, p->s_loc, like->heads, like->dim, like->dtype };
+    b.p = (char *)base + (size_t)i * cpi_tensor_bytes(p, &b);
+    return b;
+}
+
 static size_t lse_bytes(const cp_attn_plan *p, const cpi_lse *l)
 {
     return (size_t)p->d.batch * (size_t)l->heads * (size_t)l->ntok * sizeof(float);
