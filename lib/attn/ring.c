@@ -5,7 +5,9 @@
  * values of member (m - s) mod R, attends to them, and passes them to m + 1
  * while receiving the next from m - 1 (double buffer). Backward: the fp32
  * dK/dV accumulator of each key block travels with it and arrives home after
- * R hops; dQ accumulates locally.
+ * R hops; dQ accumulates locally. The caller's dK/dV accumulators are one
+ * half of that double buffer (only the other half is workspace): the ring
+ * starts in whichever half makes the last hop land in the caller's.
  *
  * Overlap, on backends with streams and events: the transfers run on a comm
  * stream and the attention on a compute stream, ordered by events only, so
@@ -20,8 +22,8 @@
 #include "attn/plan.h"
 
 typedef struct ring_bufs {
-    cpi_tensor k[2], v[2];   /* circulating K, V (storage type) */
-    cpi_tensor dk[2], dv[2]; /* circulating fp32 accumulators (backward) */
+    cpi_tensor k[2], v[2]; /* circulating K, V (storage type) */
+    cpi_tensor dk, dv;     /* backward: the half of the fp32 accumulators' double buffer that is not the caller's */
     void *scratch;
     size_t scratch_bytes;
 } ring_bufs;
@@ -29,13 +31,14 @@ typedef struct ring_bufs {
 static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tensor *v, int backward,
                            cpi_arena *ws, ring_bufs *b)
 {
-    const int steps = p->R;
-    for (int i = 0; i < 2 && steps > 1; i++) {
-        b->k[i] = cpi_tensor_take(p, ws, k->ntok, k->heads, k->dim, k->dtype);
-        b->v[i] = cpi_tensor_take(p, ws, v->ntok, v->heads, v->dim, v->dtype);
+    if (p->R > 1) {
+        for (int i = 0; i < 2; i++) {
+            b->k[i] = cpi_tensor_take(p, ws, k->ntok, k->heads, k->dim, k->dtype);
+            b->v[i] = cpi_tensor_take(p, ws, v->ntok, v->heads, v->dim, v->dtype);
+        }
         if (backward) {
-            b->dk[i] = cpi_tensor_take(p, ws, k->ntok, k->heads, k->dim, CP_DTYPE_F32);
-            b->dv[i] = cpi_tensor_take(p, ws, v->ntok, v->heads, v->dim, CP_DTYPE_F32);
+            b->dk = cpi_tensor_take(p, ws, k->ntok, k->heads, k->dim, CP_DTYPE_F32);
+            b->dv = cpi_tensor_take(p, ws, v->ntok, v->heads, v->dim, CP_DTYPE_F32);
         }
     }
     CPI_TRY(cpi_attend_scratch(p, p->max_span, p->max_span, p->heads.hq, p->heads.hkv, backward, &b->scratch_bytes));
@@ -183,8 +186,12 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
 
     const int m = ring_rank(p), R = p->R;
     const cpi_tensor *ck = k, *cv = v;
-    /* With one member the accumulators never travel. */
-    const cpi_tensor *cdk = R == 1 ? dk32 : &b.dk[1], *cdv = R == 1 ? dv32 : &b.dv[1];
+    /* The accumulator a member adds to changes buffer at every hop (it is
+     * sent from one half while the next arrives in the other), so the last
+     * of R - 1 hops lands in the half it started in when R is even. With
+     * one member nothing travels. */
+    const int home_first = R == 1 || R % 2 == 0;
+    const cpi_tensor *cdk = home_first ? dk32 : &b.dk, *cdv = home_first ? dv32 : &b.dv;
     CPI_TRY(cpi_zero(p, dq32));
     CPI_TRY(cpi_zero(p, cdk));
     CPI_TRY(cpi_zero(p, cdv));
@@ -201,28 +208,26 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
             break;
         if (R == 1)
             break;
-        const int nx = step & 1;
         if ((s = rs_select(&rs, STREAM_COMM)))
             break;
         if (step + 1 < R) {
             /* the next keys and values travel while this step computes */
+            const int nx = step & 1;
             if ((s = rs_wait(&rs, done_before)) || (s = shift(p, ck, &b.k[nx])) || (s = shift(p, cv, &b.v[nx])) ||
                 (s = rs_mark(&rs, &kv_here)))
                 break;
             ck = &b.k[nx];
             cv = &b.v[nx];
-            /* the accumulator goes with its block once this step has added to
-             * it; the incoming one holds the sums of the members it visited */
-            if ((s = rs_wait(&rs, done)) || (s = shift(p, cdk, &b.dk[nx])) || (s = shift(p, cdv, &b.dv[nx])) ||
-                (s = rs_mark(&rs, &acc_here)))
-                break;
-            cdk = &b.dk[nx];
-            cdv = &b.dv[nx];
-        } else {
-            /* last hop: every accumulator arrives home */
-            if ((s = rs_wait(&rs, done)) || (s = shift(p, cdk, dk32)) || (s = shift(p, cdv, dv32)))
-                break;
         }
+        /* the accumulator goes with its block once this step has added to
+         * it; the incoming one holds the sums of the members it visited (on
+         * the last hop: every accumulator arrives home, in dk32 / dv32) */
+        const cpi_tensor *ndk = cdk == dk32 ? &b.dk : dk32, *ndv = cdv == dv32 ? &b.dv : dv32;
+        if ((s = rs_wait(&rs, done)) || (s = shift(p, cdk, ndk)) || (s = shift(p, cdv, ndv)) ||
+            (s = rs_mark(&rs, &acc_here)))
+            break;
+        cdk = ndk;
+        cdv = ndv;
         done_before = done;
     }
     return rs_end(&rs, s);
