@@ -26,6 +26,8 @@ typedef struct bench_opts {
     bench_transport transport;
     int rank, size;           /* this process in a one-process-per-GPU run */
     const char *nccl_id_file; /* where rank 0 leaves the ncclUniqueId */
+    int only_mode, only_layout; /* --mode / --layout: run just these (-1 = all) */
+    int memory;                 /* --memory: peak device memory per rank (CUDA, local transport) */
 } bench_opts;
 
 /* Demo: every CP mode and layout on in-process ranks, checked against one rank. */

@@ -10,6 +10,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,7 @@ enum { MAX_REPS = 100 };
 typedef struct run_result {
     double fwd_s[MAX_REPS], bwd_s[MAX_REPS]; /* per repetition, the slowest rank */
     size_t ws_bytes;
+    size_t peak_bytes; /* --memory: device bytes the ranks held at most, all ranks together */
     cp_status status;
     char error[512];
 } run_result;
@@ -55,6 +57,8 @@ typedef struct run_shared {
     int threads, gather;
     pthread_mutex_t lock;
     pthread_barrier_t barrier;
+    atomic_int sampling; /* --memory: every rank is set up; the sampler records */
+    atomic_int stop;     /* the ranks are done; the sampler ends */
 } run_shared;
 
 typedef struct rank_arg {
@@ -201,6 +205,11 @@ static void *rank_main(void *arg)
         TRY(cp_layout_shard(ctx, d.layout, sh->r->P, rank, global, t[i], c->batch, c->seq, sizes[i]));
         TRY(cp_context_synchronize(ctx));
     }
+    if (!sh->gather) {
+        /* the whole-sequence staging buffer is not the rank's to keep */
+        devmem_free(dm, global);
+        global = NULL;
+    }
 
     for (int rep = -1; rep < c->reps; rep++) {
         pthread_barrier_wait(&sh->barrier);
@@ -208,6 +217,8 @@ static void *rank_main(void *arg)
         /* a rank that failed leaves every later barrier to the others */
         if (a->res->status != CP_SUCCESS)
             goto out;
+        if (rep < 0 && rank == 0)
+            atomic_store(&sh->sampling, 1);
         double t0 = now();
         TRY(cp_attn_forward(plan, t[0], t[1], t[2], t[4], t[8], ws, wf));
         TRY(cp_context_synchronize(ctx));
@@ -256,6 +267,23 @@ out:
     return NULL;
 }
 
+/* --memory: device memory in use, sampled every 50 us while the ranks run
+ * (from the first barrier, when every rank holds its tensors, workspace and
+ * context, to the end); the peak goes to sh->res->peak_bytes. */
+static void *sampler_main(void *arg)
+{
+    run_shared *sh = arg;
+    size_t peak = 0, used;
+    devmem_use(sh->dm, 0);
+    while (!atomic_load(&sh->stop)) {
+        if (atomic_load(&sh->sampling) && devmem_used(sh->dm, &used) == 0 && used > peak)
+            peak = used;
+        usleep(50);
+    }
+    sh->res->peak_bytes = peak;
+    return NULL;
+}
+
 /* One run over the ranks this process drives (all of them, except with one
  * process per GPU). */
 static int run(const bench_opts *c, const launch *l, const run_spec *r, const demo_data *in, demo_data *out,
@@ -269,8 +297,13 @@ static int run(const bench_opts *c, const launch *l, const run_spec *r, const de
         return -1;
     }
     run_shared sh = { c, r, in, out, res, dm, cores / l->count > 0 ? cores / l->count : 1, gather,
-                      PTHREAD_MUTEX_INITIALIZER, { { 0 } } };
+                      PTHREAD_MUTEX_INITIALIZER, { { 0 } }, 0, 0 };
     pthread_barrier_init(&sh.barrier, NULL, (unsigned)l->count);
+    /* what device 0 holds before the ranks exist (the runtime's own context included) */
+    size_t used0 = 0;
+    pthread_t sampler;
+    const int sample = c->memory && devmem_use(dm, 0) == 0 && devmem_used(dm, &used0) == 0 &&
+                       pthread_create(&sampler, NULL, sampler_main, &sh) == 0;
     rank_arg args[64];
     pthread_t th[64];
     for (int i = 0; i < l->count; i++) {
@@ -280,6 +313,11 @@ static int run(const bench_opts *c, const launch *l, const run_spec *r, const de
     for (int i = 0; i < l->count; i++)
         pthread_join(th[i], NULL);
     pthread_barrier_destroy(&sh.barrier);
+    if (sample) {
+        atomic_store(&sh.stop, 1);
+        pthread_join(sampler, NULL);
+        res->peak_bytes = res->peak_bytes > used0 ? res->peak_bytes - used0 : 0;
+    }
     return res->status == CP_SUCCESS ? 0 : -1;
 }
 
@@ -324,6 +362,35 @@ static void free_results(demo_data *d)
     free(d->dq);
     free(d->dk);
     free(d->dv);
+}
+
+/* The least device memory one p2p rank can hold at the peak (the backward):
+ * its shards of q, k, v, out, lse, dout, dq, dk, dv, and - with more than one
+ * rank - double buffers for the K, V that circulate (storage type) and for
+ * the dK, dV accumulators that travel with them (fp32, as DESIGN.md's
+ * numerics require). Anything else is overhead. */
+static double p2p_min_bytes(const bench_opts *c, int P)
+{
+    const double n = (double)c->batch * (double)(c->seq / P), es = (double)dtype_bytes(c->dtype);
+    const double tq = (double)c->heads * c->dim, tk = (double)c->kv_heads * c->dim;
+    double b = n * (4 * tq * es + 4 * tk * es + 4.0 * c->heads);
+    if (P > 1)
+        b += n * (2 * 2 * tk * es + 2 * 2 * tk * 4);
+    return b;
+}
+
+/* --memory columns: peak per rank, the analytical minimum (p2p only), their ratio. */
+static void print_memory(const bench_opts *c, const run_result *rr, int P, int p2p)
+{
+    if (!c->memory)
+        return;
+    const double peak = (double)rr->peak_bytes / P / 1048576.0;
+    if (p2p) {
+        const double m = p2p_min_bytes(c, P) / 1048576.0;
+        printf("  %9.1f %9.1f %6.3f", peak, m, peak / m);
+    } else {
+        printf("  %9.1f %9s %6s", peak, "-", "-");
+    }
 }
 
 static const char *transport_name(bench_transport t)
@@ -389,10 +456,14 @@ int bench_demo(const bench_opts *o)
         }
         double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps);
         one_s = f + b;
-        printf("%-10s %-10s %4s %7s  %9s %9s %9s %9s  %9s %9s %7s  %10s\n", "mode", "layout", "cp", "a2a*p2p",
+        printf("%-10s %-10s %4s %7s  %9s %9s %9s %9s  %9s %9s %7s  %10s", "mode", "layout", "cp", "a2a*p2p",
                "err out", "err dq", "err dk", "err dv", "fwd ms", "bwd ms", "vs cp1", "ws/rank");
-        printf("%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %7.3f  %7.2f MiB\n", "(single)", "-", 1, "-", "-",
+        if (c.memory)
+            printf("  %9s %9s %6s", "peak MiB", "min MiB", "x min");
+        printf("\n%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %7.3f  %7.2f MiB", "(single)", "-", 1, "-", "-",
                "-", "-", "-", 1e3 * f, 1e3 * b, 1.0, (double)rr->ws_bytes / 1048576.0);
+        print_memory(&c, rr, 1, 1);
+        printf("\n");
     }
     /* F32 differs from CP=1 only by fp32 rounding order; 16-bit types by
      * at most a few ulps of the storage type. */
@@ -402,6 +473,8 @@ int bench_demo(const bench_opts *o)
     alloc_results(&c, &got);
     for (int mode = 0; mode < 4; mode++)
         for (int layout = 0; layout < 2; layout++) {
+            if ((c.only_mode >= 0 && mode != c.only_mode) || (c.only_layout >= 0 && layout != c.only_layout))
+                continue;
             run_spec r = { (cp_mode)mode, (cp_layout)layout, c.cp, 1 };
             if (mode == CP_MODE_A2A_P2P) {
                 r.A = 2;
@@ -433,15 +506,21 @@ int bench_demo(const bench_opts *o)
                 snprintf(errs, sizeof errs, "%9.2e %9.2e %9.2e %9.2e", e[0], e[1], e[2], e[3]);
             }
             bad += !ok;
-            printf("%-10s %-10s %4d %7s  %s  %9.2f %9.2f %7.3f  %7.2f MiB%s\n", mode_names[mode], ln, c.cp, fact,
-                   errs, 1e3 * f, 1e3 * b, (f + b) / one_s, (double)rr->ws_bytes / 1048576.0,
-                   ok ? "" : "  MISMATCH");
+            printf("%-10s %-10s %4d %7s  %s  %9.2f %9.2f %7.3f  %7.2f MiB", mode_names[mode], ln, c.cp, fact,
+                   errs, 1e3 * f, 1e3 * b, (f + b) / one_s, (double)rr->ws_bytes / 1048576.0);
+            print_memory(&c, rr, c.cp, mode == CP_MODE_P2P);
+            printf("%s\n", ok ? "" : "  MISMATCH");
             fflush(stdout);
         }
     if (lead) {
         printf("\nfwd/bwd: median of %d repetitions after a warm-up, slowest rank, host clock after\n"
                "cp_context_synchronize; vs cp1: (fwd + bwd) / (fwd + bwd of the single-rank run)\n",
                c.reps);
+        if (c.memory)
+            printf("peak: device memory in use (cudaMemGetInfo, sampled every 50 us while the ranks run)\n"
+                   "above what the device held before they started, over the ranks sharing it; min: the\n"
+                   "rank's q, k, v, out, lse, dout, dq, dk, dv shards + double buffers of the circulating\n"
+                   "K, V (storage type) and dK, dV (fp32)\n");
         if (!c.timing_only) {
             printf("err: max |x - x_cp1| / max |x_cp1| over the whole tensor; tolerance %.0e\n", tol);
             printf("%s\n", bad ? "FAILED: some runs differ from the single-rank result"

@@ -36,6 +36,10 @@ static void usage(FILE *f)
             "                    device 0, except with the NCCL transports (one GPU per rank)\n"
             "  --reps N          timed repetitions after one warm-up, median shown (default 3)\n"
             "  --timing-only     skip the gathers and the error columns\n"
+            "  --mode M          only this mode: all_gather, p2p, a2a or a2a_p2p\n"
+            "  --layout L        only this layout: contiguous or zigzag\n"
+            "  --memory          peak device memory per rank against the analytical minimum\n"
+            "                    (CUDA, local transport; implies --timing-only)\n"
             "  --transport T     local (default), nccl-threads (one thread per GPU,\n"
             "                    ncclCommInitAll; --cp GPUs), nccl-file (one process per GPU)\n"
             "  --rank R --size N this process's rank and the number of processes (nccl-file;\n"
@@ -96,7 +100,7 @@ static long long env_int(const char *const *names)
 
 int main(int argc, char **argv)
 {
-    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4, 0, 3, 0, BENCH_LOCAL, -1, -1, NULL };
+    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4, 0, 3, 0, BENCH_LOCAL, -1, -1, NULL, -1, -1, 0 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         long long v;
@@ -115,6 +119,26 @@ int main(int argc, char **argv)
             o.mask = CP_MASK_NONE;
         } else if (!strcmp(a, "--timing-only")) {
             o.timing_only = 1;
+        } else if (!strcmp(a, "--memory")) {
+            o.memory = o.timing_only = 1;
+        } else if (!strcmp(a, "--mode")) {
+            static const char *const names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
+            o.only_mode = -1;
+            for (int m = 0; m < 4 && val; m++)
+                if (!strcmp(val, names[m]))
+                    o.only_mode = m;
+            if (o.only_mode < 0) {
+                fprintf(stderr, "infinicp-bench: --mode takes all_gather, p2p, a2a or a2a_p2p\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--layout")) {
+            if (!val || (strcmp(val, "contiguous") && strcmp(val, "zigzag"))) {
+                fprintf(stderr, "infinicp-bench: --layout takes contiguous or zigzag\n");
+                return 2;
+            }
+            o.only_layout = !strcmp(val, "zigzag");
+            i++;
         } else if (!strcmp(a, "--device")) {
             if (!val || (strcmp(val, "cpu") && strcmp(val, "cuda"))) {
                 fprintf(stderr, "infinicp-bench: --device takes cpu or cuda\n");
@@ -195,6 +219,10 @@ int main(int argc, char **argv)
                     o.rank, o.size);
             return 2;
         }
+    }
+    if (o.memory && (!o.cuda || o.transport != BENCH_LOCAL)) {
+        fprintf(stderr, "infinicp-bench: --memory needs --device cuda and the local transport\n");
+        return 2;
     }
     return bench_demo(&o);
 }

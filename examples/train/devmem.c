@@ -17,6 +17,7 @@ static struct {
     int (*memcpy_)(void *, const void *, size_t, int);
     int (*memset_)(void *, int, size_t);
     int (*device_synchronize)(void);
+    int (*mem_get_info)(size_t *, size_t *);
 } cu;
 
 int devmem_init(devmem *d, int cuda, char *err, size_t cap)
@@ -39,8 +40,9 @@ int devmem_init(devmem *d, int cuda, char *err, size_t cap)
     *(void **)&cu.memcpy_ = dlsym(h, "cudaMemcpy");
     *(void **)&cu.memset_ = dlsym(h, "cudaMemset");
     *(void **)&cu.device_synchronize = dlsym(h, "cudaDeviceSynchronize");
+    *(void **)&cu.mem_get_info = dlsym(h, "cudaMemGetInfo");
     if (!cu.get_device_count || !cu.set_device || !cu.malloc_ || !cu.free_ || !cu.memcpy_ || !cu.memset_ ||
-        !cu.device_synchronize) {
+        !cu.device_synchronize || !cu.mem_get_info) {
         snprintf(err, cap, "the CUDA runtime lacks an entry point this example uses");
         return -1;
     }
@@ -102,4 +104,14 @@ int devmem_to_host(const devmem *d, void *dst, const void *src, size_t bytes)
 int devmem_sync(const devmem *d)
 {
     return d->cuda ? cu.device_synchronize() : 0;
+}
+
+int devmem_used(const devmem *d, size_t *used)
+{
+    size_t free_b = 0, total = 0;
+    *used = 0;
+    if (!d->cuda || cu.mem_get_info(&free_b, &total) != 0)
+        return -1;
+    *used = total - free_b;
+    return 0;
 }

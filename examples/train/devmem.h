@@ -29,5 +29,8 @@ int devmem_to_host(const devmem *d, void *dst, const void *src, size_t bytes);
  * pageable host memory may still be in flight when cudaMemcpy returns, and
  * the library's streams do not wait for it. */
 int devmem_sync(const devmem *d);
+/* Bytes in use on the calling thread's device, by every process and
+ * context (cudaMemGetInfo); CUDA only, -1 elsewhere. */
+int devmem_used(const devmem *d, size_t *used);
 
 #endif
