@@ -5,8 +5,15 @@
  * sizes all differ), run forward and backward at the same time - one thread
  * per rank, 20 in all - and must give bit for bit what the same jobs give
  * when they run one after another.
+ *
+ * fork: a child of a process that holds a multi-threaded CPU context can
+ * still use it (on one thread) and destroy it, with the parent's results.
  */
 #include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -235,10 +242,94 @@ static void test_concurrent_equals_serial(void **state)
     free(together);
 }
 
+/* Forward + backward of one F32 block on ctx into the buffers of r. */
+typedef struct fork_bufs {
+    float q[B * S * H * D], k[B * S * HKV * D], v[B * S * HKV * D], dout[B * S * H * D];
+    float out[B * S * H * D], lse[B * H * S], dq[B * S * H * D], dk[B * S * HKV * D], dv[B * S * HKV * D];
+} fork_bufs;
+
+static cp_status fork_run(cp_context *ctx, fork_bufs *r)
+{
+    cp_kernel_attn_args a = CP_KERNEL_ATTN_ARGS_INIT;
+    a.dtype = CP_DTYPE_F32;
+    a.format = CP_FORMAT_BSHD;
+    a.batch = B;
+    a.num_heads = H;
+    a.num_kv_heads = HKV;
+    a.head_dim = D;
+    a.seq_q = a.seq_k = S;
+    a.mask = CP_MASK_CAUSAL;
+    a.q = r->q;
+    a.k = r->k;
+    a.v = r->v;
+    a.o = r->out;
+    a.o_dtype = CP_DTYPE_F32;
+    a.lse = r->lse;
+    cp_status s = cp_kernel_attn_forward(ctx, &a);
+    if (s != CP_SUCCESS)
+        return s;
+    a.dout = r->dout;
+    a.dq = r->dq;
+    a.dk = r->dk;
+    a.dv = r->dv;
+    a.grad_dtype = CP_DTYPE_F32;
+    return cp_kernel_attn_backward(ctx, &a);
+}
+
+static void test_fork_child_uses_context(void **state)
+{
+    (void)state;
+    cp_context_config cfg = CP_CONTEXT_CONFIG_INIT;
+    cfg.num_threads = 4;
+    cp_context *ctx = NULL;
+    assert_int_equal(cp_context_create(&cfg, &ctx), CP_SUCCESS);
+    fork_bufs *parent = calloc(1, sizeof *parent), *child = calloc(1, sizeof *child);
+    assert_true(parent && child);
+    fill(parent->q, sizeof parent->q / sizeof(float), CP_DTYPE_F32, 1);
+    fill(parent->k, sizeof parent->k / sizeof(float), CP_DTYPE_F32, 2);
+    fill(parent->v, sizeof parent->v / sizeof(float), CP_DTYPE_F32, 3);
+    fill(parent->dout, sizeof parent->dout / sizeof(float), CP_DTYPE_F32, 4);
+    memcpy(child, parent, sizeof *child);
+    assert_int_equal(fork_run(ctx, parent), CP_SUCCESS);
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* the workers stayed in the parent: this must neither hang nor differ */
+        int bad = fork_run(ctx, child) != CP_SUCCESS || memcmp(child->out, parent->out, sizeof child->out) ||
+                  memcmp(child->lse, parent->lse, sizeof child->lse) ||
+                  memcmp(child->dq, parent->dq, sizeof child->dq) ||
+                  memcmp(child->dk, parent->dk, sizeof child->dk) || memcmp(child->dv, parent->dv, sizeof child->dv);
+        cp_context_destroy(ctx);
+        _exit(bad ? 1 : 0);
+    }
+    /* wait at most 60 s (valgrind is slow), then call it a hang */
+    int status = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 6000 && (got = waitpid(pid, &status, WNOHANG)) == 0; i++)
+        nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("the forked child hung using its parent's context");
+    }
+    assert_int_equal(got, pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* and the parent's pool still works */
+    memcpy(child, parent, sizeof *child);
+    assert_int_equal(fork_run(ctx, child), CP_SUCCESS);
+    assert_memory_equal(child->dq, parent->dq, sizeof child->dq);
+    cp_context_destroy(ctx);
+    free(parent);
+    free(child);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_equals_serial),
+        cmocka_unit_test(test_fork_child_uses_context),
     };
     return cmocka_run_group_tests_name("threads", tests, NULL, NULL);
 }

@@ -8,9 +8,17 @@
  * t = 0, workers 1 .. n-1 take the rest. Jobs on one context are serialised
  * (a context is a queue, like a device stream), so two threads that share a
  * context get correct results, one call after the other.
+ *
+ * fork(): the child of a process that holds a context gets a copy of the
+ * state but none of the workers (and possibly a lock some other thread held
+ * at the fork). There the state runs every job on the calling thread, task
+ * by task, without touching the pool: the results are the same, only
+ * slower, and destroying the context frees memory without waiting for
+ * threads that do not exist.
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -31,7 +39,14 @@ struct cpi_cpu_state {
 
     int num_workers; /* started workers */
     pthread_t *workers;
+    pid_t owner;     /* the process the workers run in */
 };
+
+/* Whether this is a forked child of the process that made the state. */
+static int orphaned(const cpi_cpu_state *s)
+{
+    return getpid() != s->owner;
+}
 
 typedef struct {
     cpi_cpu_state *s;
@@ -88,6 +103,7 @@ cp_status cpi_cpu_state_create(int num_threads, cpi_cpu_state **out)
         return CP_ERROR_OUT_OF_MEMORY;
     s->num_threads = num_threads > 0 ? num_threads : 1;
     s->tiles = tiles;
+    s->owner = getpid();
     pthread_mutex_init(&s->job_lock, NULL);
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
@@ -125,11 +141,13 @@ void cpi_cpu_state_destroy(void *state)
     cpi_cpu_state *s = state;
     if (!s)
         return;
-    stop_workers(s);
-    pthread_cond_destroy(&s->done);
-    pthread_cond_destroy(&s->wake);
-    pthread_mutex_destroy(&s->lock);
-    pthread_mutex_destroy(&s->job_lock);
+    if (!orphaned(s)) {
+        stop_workers(s);
+        pthread_cond_destroy(&s->done);
+        pthread_cond_destroy(&s->wake);
+        pthread_mutex_destroy(&s->lock);
+        pthread_mutex_destroy(&s->job_lock);
+    }
     free(s->workers);
     free(s);
 }
@@ -157,6 +175,11 @@ void cpi_cpu_parallel(cpi_cpu_state *s, int n, cpi_task_fn fn, void *arg)
     }
     if (n > s->num_threads)
         n = s->num_threads;
+    if (orphaned(s)) {
+        for (int t = 0; t < n; t++)
+            fn(arg, t, n);
+        return;
+    }
     if (n <= 1) {
         pthread_mutex_lock(&s->job_lock);
         fn(arg, 0, 1);
