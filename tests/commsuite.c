@@ -352,14 +352,21 @@ static void check_reduce_scatter(run *r, cp_dtype t, cp_reduce_op op, size_t cou
 
 /* ---- the suite ---------------------------------------------------------- */
 
-static void run_init(run *r, cp_comm *c, const suite_mem *m, int timeout_ms)
+/* False (and one failure counted) when c gives no rank and size, e.g. a
+ * NULL communicator after a failed setup: the checks size their buffers by
+ * the group size and must not run then. */
+static bool run_init(run *r, cp_comm *c, const suite_mem *m, int timeout_ms)
 {
     memset(r, 0, sizeof *r);
     r->c = c;
     r->m = m;
     r->x = (cp_xfer){ m->ops, m->state, timeout_ms };
-    cp_comm_rank(c, &r->rank);
-    cp_comm_size(c, &r->size);
+    if (cp_comm_rank(c, &r->rank) != CP_SUCCESS || cp_comm_size(c, &r->size) != CP_SUCCESS || r->size < 1) {
+        fprintf(stderr, "commsuite: no usable communicator: %s\n", cp_last_error());
+        r->failures = 1;
+        return false;
+    }
+    return true;
 }
 
 /* Every collective; `big` adds reductions that cross the local transport's
@@ -460,7 +467,8 @@ static void split_and_check(run *r, int k, uint32_t salt)
 int suite_collectives(cp_comm *c, const suite_mem *m, int timeout_ms)
 {
     run r;
-    run_init(&r, c, m, timeout_ms);
+    if (!run_init(&r, c, m, timeout_ms))
+        return r.failures;
     collectives(&r, 1, true);
     split_and_check(&r, 2, 5000);
     split_and_check(&r, 3, 9000);
@@ -526,7 +534,8 @@ static void expect_mismatch(run *r, disagreement d)
 int suite_mismatch(cp_comm *c, const suite_mem *m, int timeout_ms)
 {
     run r;
-    run_init(&r, c, m, timeout_ms);
+    if (!run_init(&r, c, m, timeout_ms))
+        return r.failures;
     for (int d = BYTES; d <= COUNT; d++)
         expect_mismatch(&r, (disagreement)d);
     /* Disagreement is detected before any byte moves: the world still works. */
@@ -555,7 +564,8 @@ int suite_group(cp_comm *c, int a2a_size, int timeout_ms)
 {
     static const suite_mem host = { NULL, NULL };
     run r;
-    run_init(&r, c, &host, timeout_ms);
+    if (!run_init(&r, c, &host, timeout_ms))
+        return r.failures;
     int A = a2a_size, n = r.size, me = r.rank;
     cp_context *ctx = NULL;
     cp_group *g = NULL;
@@ -612,7 +622,8 @@ int suite_layout_gather(cp_comm *c, const suite_mem *m, cp_layout l, int64_t bat
                         int timeout_ms)
 {
     run r;
-    run_init(&r, c, m, timeout_ms);
+    if (!run_init(&r, c, m, timeout_ms))
+        return r.failures;
     /* a context on m's device, built by hand for a pretend device */
     cp_context dev = { .device = CP_DEVICE_CUDA, .num_threads = 1, .ops = m->ops, .state = m->state };
     cp_context *ctx = m->ops ? &dev : NULL;
