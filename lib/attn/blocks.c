@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* Attention between two token sets: one kernel call per span pair, with the
+/* Attention between two token sets: kernel calls over span pairs, with the
  * spans' global offsets, skipping the pairs that causality hides. Every CP
  * mode computes through this one function. */
+#include <stdlib.h>
+
 #include "attn/plan.h"
 
 static void set_tensor(const cp_attn_plan *p, const cpi_tensor *t, int64_t row, const void **ptr,
@@ -11,10 +13,17 @@ static void set_tensor(const cp_attn_plan *p, const cpi_tensor *t, int64_t row, 
     *ptr = (const char *)t->p + (size_t)row * (size_t)*ss * cpi_dtype_size(t->dtype);
 }
 
-/* Does the causal mask hide every key of span k from every query of span q? */
-static int hidden(const cp_attn_plan *p, cpi_span q, cpi_span k)
+/* How the causal mask treats span pair (q, k): every key hidden from every
+ * query, every key visible to every query, or a diagonal in between. */
+typedef enum { PAIR_HIDDEN, PAIR_FULL, PAIR_PARTIAL } pair_kind;
+
+static pair_kind classify(const cp_attn_plan *p, cpi_span q, cpi_span k)
 {
-    return p->d.mask == CP_MASK_CAUSAL && k.offset > q.offset + q.len - 1;
+    if (p->d.mask != CP_MASK_CAUSAL)
+        return PAIR_FULL;
+    if (k.offset > q.offset + q.len - 1)
+        return PAIR_HIDDEN;
+    return k.offset + k.len - 1 <= q.offset ? PAIR_FULL : PAIR_PARTIAL;
 }
 
 static void base_args(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_attn_args *a)
@@ -33,56 +42,102 @@ static void base_args(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_a
     a->workspace_bytes = io->scratch_bytes;
 }
 
-cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward)
+/* One kernel call: query rows [qr, qr + nq) at global offset qoff against key
+ * rows [kr, kr + nk) at koff, under `mask`. */
+static cp_status call(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_attn_args *a, int64_t qr,
+                      int64_t nq, int64_t qoff, int64_t kr, int64_t nk, int64_t koff, cp_mask mask, int backward)
 {
     const cp_backend_ops *ops = p->ctx->ops;
+    a->seq_q = nq;
+    a->seq_k = nk;
+    a->q_offset = qoff;
+    a->k_offset = koff;
+    a->mask = mask;
+    set_tensor(p, io->q, qr, &a->q, &a->q_stride_b, &a->q_stride_s, &a->q_stride_h);
+    set_tensor(p, io->k, kr, &a->k, &a->k_stride_b, &a->k_stride_s, &a->k_stride_h);
+    set_tensor(p, io->v, kr, &a->v, &a->v_stride_b, &a->v_stride_s, &a->v_stride_h);
+    const cpi_lse *l = io->lse;
+    a->lse = l->p + qr;
+    a->lse_stride_b = (int64_t)l->heads * l->ntok;
+    a->lse_stride_h = l->ntok;
+    const void *c;
+    if (!backward) {
+        set_tensor(p, io->o32, qr, &c, &a->o_stride_b, &a->o_stride_s, &a->o_stride_h);
+        a->o = (void *)c;
+        a->o_dtype = CP_DTYPE_F32;
+        a->accumulate = 1;
+        a->lse_lo = l->lo ? l->lo + qr : NULL;
+        return ops->attn_forward(p->ctx->state, a);
+    }
+    set_tensor(p, io->o, qr, &c, &a->o_stride_b, &a->o_stride_s, &a->o_stride_h);
+    a->o = (void *)c;
+    a->o_dtype = io->o->dtype;
+    set_tensor(p, io->dout, qr, &a->dout, &a->dout_stride_b, &a->dout_stride_s, &a->dout_stride_h);
+    set_tensor(p, io->dq32, qr, &c, &a->dq_stride_b, &a->dq_stride_s, &a->dq_stride_h);
+    a->dq = (void *)c;
+    set_tensor(p, io->dk32, kr, &c, &a->dk_stride_b, &a->dk_stride_s, &a->dk_stride_h);
+    a->dk = (void *)c;
+    set_tensor(p, io->dv32, kr, &c, &a->dv_stride_b, &a->dv_stride_s, &a->dv_stride_h);
+    a->dv = (void *)c;
+    a->grad_dtype = CP_DTYPE_F32;
+    a->grad_accumulate = 1;
+    return ops->attn_backward(p->ctx->state, a);
+}
+
+/* Whether span i + 1 of t follows span i in t's rows. */
+static int rows_follow(const cpi_tokset *t, int i)
+{
+    return i + 1 < t->n && t->row[i + 1] == t->row[i] + t->span[i].len;
+}
+
+/*
+ * Pairs that the mask leaves fully visible need no mask, so neighbouring
+ * ones whose rows are adjacent in the buffers go in one call: a rectangle of
+ * query spans [i0, i1] x key spans [j0, j1], grown greedily - first along
+ * the keys, then along the queries. With zigzag p2p this turns the two
+ * quarter blocks of every ring step into one call of twice the size (half
+ * the launches and half the passes over the running output or gradient).
+ * Diagonal pairs go one by one, with the causal mask.
+ */
+cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward)
+{
+    const cpi_tokset *tq = io->tq, *tk = io->tk;
     cp_kernel_attn_args a;
     base_args(p, io, &a);
-    for (int i = 0; i < io->tq->n; i++) {
-        const cpi_span qs = io->tq->span[i];
-        const int64_t qr = io->tq->row[i];
-        for (int j = 0; j < io->tk->n; j++) {
-            const cpi_span ks = io->tk->span[j];
-            const int64_t kr = io->tk->row[j];
-            if (hidden(p, qs, ks))
+    unsigned char *done = cpi_calloc((size_t)tq->n * (size_t)tk->n, 1);
+    if (!done)
+        return CP_ERROR_OUT_OF_MEMORY;
+#define PAIR(i, j) (done[(size_t)(i) * (size_t)tk->n + (size_t)(j)] ? PAIR_HIDDEN : classify(p, tq->span[i], tk->span[j]))
+    cp_status s = CP_SUCCESS;
+    for (int i0 = 0; i0 < tq->n && s == CP_SUCCESS; i0++)
+        for (int j0 = 0; j0 < tk->n && s == CP_SUCCESS; j0++) {
+            const pair_kind kind = PAIR(i0, j0);
+            if (kind == PAIR_HIDDEN)
                 continue;
-            a.seq_q = qs.len;
-            a.seq_k = ks.len;
-            a.q_offset = qs.offset;
-            a.k_offset = ks.offset;
-            set_tensor(p, io->q, qr, &a.q, &a.q_stride_b, &a.q_stride_s, &a.q_stride_h);
-            set_tensor(p, io->k, kr, &a.k, &a.k_stride_b, &a.k_stride_s, &a.k_stride_h);
-            set_tensor(p, io->v, kr, &a.v, &a.v_stride_b, &a.v_stride_s, &a.v_stride_h);
-            const cpi_lse *l = io->lse;
-            a.lse = l->p + qr;
-            a.lse_stride_b = (int64_t)l->heads * l->ntok;
-            a.lse_stride_h = l->ntok;
-            const void *c;
-            if (!backward) {
-                set_tensor(p, io->o32, qr, &c, &a.o_stride_b, &a.o_stride_s, &a.o_stride_h);
-                a.o = (void *)c;
-                a.o_dtype = CP_DTYPE_F32;
-                a.accumulate = 1;
-                a.lse_lo = l->lo ? l->lo + qr : NULL;
-                CPI_TRY(ops->attn_forward(p->ctx->state, &a));
-                continue;
+            int i1 = i0, j1 = j0;
+            if (kind == PAIR_FULL) {
+                while (rows_follow(tk, j1) && PAIR(i0, j1 + 1) == PAIR_FULL)
+                    j1++;
+                for (int grow = 1; grow && rows_follow(tq, i1);) {
+                    for (int j = j0; j <= j1 && grow; j++)
+                        grow = PAIR(i1 + 1, j) == PAIR_FULL;
+                    i1 += grow;
+                }
             }
-            set_tensor(p, io->o, qr, &c, &a.o_stride_b, &a.o_stride_s, &a.o_stride_h);
-            a.o = (void *)c;
-            a.o_dtype = io->o->dtype;
-            set_tensor(p, io->dout, qr, &a.dout, &a.dout_stride_b, &a.dout_stride_s, &a.dout_stride_h);
-            set_tensor(p, io->dq32, qr, &c, &a.dq_stride_b, &a.dq_stride_s, &a.dq_stride_h);
-            a.dq = (void *)c;
-            set_tensor(p, io->dk32, kr, &c, &a.dk_stride_b, &a.dk_stride_s, &a.dk_stride_h);
-            a.dk = (void *)c;
-            set_tensor(p, io->dv32, kr, &c, &a.dv_stride_b, &a.dv_stride_s, &a.dv_stride_h);
-            a.dv = (void *)c;
-            a.grad_dtype = CP_DTYPE_F32;
-            a.grad_accumulate = 1;
-            CPI_TRY(ops->attn_backward(p->ctx->state, &a));
+            int64_t nq = 0, nk = 0;
+            for (int i = i0; i <= i1; i++) {
+                nq += tq->span[i].len;
+                for (int j = j0; j <= j1; j++)
+                    done[(size_t)i * (size_t)tk->n + (size_t)j] = 1;
+            }
+            for (int j = j0; j <= j1; j++)
+                nk += tk->span[j].len;
+            s = call(p, io, &a, tq->row[i0], nq, tq->span[i0].offset, tk->row[j0], nk, tk->span[j0].offset,
+                     kind == PAIR_FULL ? CP_MASK_NONE : p->d.mask, backward);
         }
-    }
-    return CP_SUCCESS;
+#undef PAIR
+    free(done);
+    return s;
 }
 
 cp_status cpi_attend_scratch(const cp_attn_plan *p, int64_t max_q, int64_t max_k, int32_t hq, int32_t hkv,

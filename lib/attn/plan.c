@@ -154,10 +154,11 @@ static cp_status build_token_sets(cp_attn_plan *p)
         row += p->mine.span[i].len;
     }
     p->mine.ntok = row;
+    /* cpi_attend may put a whole token set in one kernel call */
+    p->max_rows = p->mine.ntok;
     for (int m = 0; m < p->R; m++)
-        for (int i = 0; i < p->sub[m].n; i++)
-            if (p->sub[m].span[i].len > p->max_span)
-                p->max_span = p->sub[m].span[i].len;
+        if (p->sub[m].ntok > p->max_rows)
+            p->max_rows = p->sub[m].ntok;
     return CP_SUCCESS;
 }
 

@@ -41,7 +41,7 @@ static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tenso
             b->dv = cpi_tensor_take(p, ws, v->ntok, v->heads, v->dim, CP_DTYPE_F32);
         }
     }
-    CPI_TRY(cpi_attend_scratch(p, p->max_span, p->max_span, p->heads.hq, p->heads.hkv, backward, &b->scratch_bytes));
+    CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, &b->scratch_bytes));
     b->scratch = cpi_arena_take(ws, b->scratch_bytes);
     return CP_SUCCESS;
 }
