@@ -62,9 +62,20 @@ struct nccl_comm {
     char why[384];    // why it broke
 };
 
+// NCCL's text about the last error on comm (ncclGetLastError came with 2.13).
+const char *last_text(ncclComm_t comm)
+{
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+    return ncclGetLastError(comm);
+#else
+    (void)comm;
+    return "";
+#endif
+}
+
 cp_status nccl_fail(const nccl_comm *c, const char *what, ncclResult_t e)
 {
-    const char *last = c ? ncclGetLastError(c->comm) : nullptr;
+    const char *last = c ? last_text(c->comm) : nullptr;
     return fail(CP_ERROR_COMM, "nccl: %s: %s%s%s", what, ncclGetErrorString(e), last && *last ? ": " : "",
                 last ? last : "");
 }
@@ -137,7 +148,7 @@ cp_status check_async(nccl_comm *c, const char *what, bool *busy)
         *busy = true;
         return CP_SUCCESS;
     }
-    const char *last = ncclGetLastError(c->comm);
+    const char *last = last_text(c->comm);
     char why[320];
     snprintf(why, sizeof why, "asynchronous error: %s%s%s", ncclGetErrorString(ae), last && *last ? ": " : "",
              last ? last : "");
