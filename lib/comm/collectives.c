@@ -158,14 +158,16 @@ cp_status cpi_all_reduce_host(cp_context *ctx, cp_comm *comm, int timeout_ms, do
     cp_status s = ctx->ops->copy_2d(ctx->state, dev, bytes, v, bytes, bytes, 1, CP_COPY_HOST_TO_DEVICE);
     if (s == CP_SUCCESS)
         s = cpi_all_reduce(comm, &x, dev, dev, n, CP_DTYPE_F64, op);
-    if (s == CP_SUCCESS)
-        s = ctx->ops->copy_2d(ctx->state, v, bytes, dev, bytes, bytes, 1, CP_COPY_DEVICE_TO_HOST);
-    /* The transport waits with the timeout, watching for its own errors; a
-     * stream it gave up on may stay stuck, and synchronizing or freeing dev
-     * (which synchronizes) would hang: dev is left behind then. */
+    /* The transport waits with the timeout, watching for its own errors,
+     * before the copy to v: a copy to pageable memory blocks the host until
+     * the stream reaches it. A stream the transport gave up on may stay
+     * stuck, and synchronizing or freeing dev (which synchronizes) would
+     * hang: dev is left behind then. */
     cp_status w = cpi_comm_wait(comm, &x);
     if (w != CP_SUCCESS)
         return s != CP_SUCCESS ? s : w;
+    if (s == CP_SUCCESS)
+        s = ctx->ops->copy_2d(ctx->state, v, bytes, dev, bytes, bytes, 1, CP_COPY_DEVICE_TO_HOST);
     cp_status sync = ctx->ops->synchronize(ctx->state); /* queued work may still use dev */
     ctx->ops->free(ctx->state, dev);
     return s != CP_SUCCESS ? s : sync;
