@@ -54,6 +54,7 @@ static void no_misuse(void)
 /* An elapsed time that shows a wait ran to its deadline, and no further. */
 static void assert_waited_one_timeout(double ms)
 {
+    printf("waited %.1f ms (timeout %d ms): %s\n", ms, TIMEOUT_MS, cp_last_error());
     if (ms < TIMEOUT_MS - 1 || ms > TIMEOUT_MS + SLACK_MS)
         fail_msg("waited %.1f ms; the timeout is %d ms (slack %d ms)", ms, TIMEOUT_MS, SLACK_MS);
 }
@@ -201,6 +202,7 @@ static void test_async_error_owned(void **unused)
     cp_xfer x = cpi_group_xfer(g);
     double t0 = now_ms();
     EXPECT_ERROR(cpi_barrier(g->p2p, &x), CP_ERROR_COMM, "ncclRemoteError");
+    printf("CP_ERROR_COMM after %.1f ms: %s\n", now_ms() - t0, cp_last_error());
     assert_true(now_ms() - t0 < 2000);
     assert_non_null(strstr(cp_last_error(), "barrier"));
     assert_non_null(strstr(cp_last_error(), "peer of communicator")); /* ncclGetLastError's text */
@@ -210,6 +212,7 @@ static void test_async_error_owned(void **unused)
     fakenccl_set_stuck(0);
     t0 = now_ms();
     cp_group_destroy(g);
+    printf("destroy with one aborted communicator: %.1f ms\n", now_ms() - t0);
     assert_true(now_ms() - t0 < 1000);
     fakenccl_stats st = fakenccl_get();
     assert_int_equal(st.aborted, 1);
@@ -236,6 +239,7 @@ static void test_async_error_user(void **unused)
     cp_group *g = NULL;
     double t0 = now_ms();
     EXPECT_ERROR(cp_group_create(ctx, comm, &cfg, &g), CP_ERROR_COMM, "ncclRemoteError");
+    printf("CP_ERROR_COMM after %.1f ms: %s\n", now_ms() - t0, cp_last_error());
     assert_true(now_ms() - t0 < 2000);
     assert_non_null(strstr(cp_last_error(), "all_reduce"));
     assert_non_null(strstr(cp_last_error(), "not aborted"));
