@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build libinfinicp with the CUDA module and, on a machine with an NVIDIA GPU,
-# run the GPU suites, compute-sanitizer (memcheck, racecheck) on a subset, and
+# run the GPU suites, compute-sanitizer (memcheck, racecheck, synccheck) on a subset, and
 # the kernel benchmark. Logs go to the folder given as $1 (default gpu-logs).
 # Environment: GPU_ARCHS (default 90), BUILD (default build-gpu),
 # SANITIZE_CASES (attention cases the sanitizers run, default gqa).
@@ -40,7 +40,7 @@ if command -v ncu >/dev/null 2>&1; then
         | grep -E "mma_kernel|gpu__time_duration" | sed -E 's/\(attn_params\).*//' | tee -a "$logs/bench.txt"
 fi
 
-for tool in memcheck racecheck; do
+for tool in memcheck racecheck synccheck; do
     INFINICP_MODULE_PATH=$mod INFINICP_GPU_TEST_CASES=${SANITIZE_CASES:-gqa} timeout 300 \
         compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/test-gpu-kernels" >"$logs/$tool.log" 2>&1
     rc=$?

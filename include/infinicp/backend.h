@@ -177,7 +177,27 @@ typedef struct cp_transport_ops {
                        int *out_size);
     /** Release this rank's instance. */
     void (*destroy)(void *impl);
+
+    /*
+     * Optional slots, added after the first ABI 1 table: a caller uses one
+     * only if struct_size covers it and it is not NULL.
+     */
+    /**
+     * Wait on the host, at most @c x->timeout_ms (<= 0: forever), until the
+     * work this rank queued on the communicator has finished and, when
+     * @c x->backend_state is set, that state's current stream is idle.
+     * Transports whose collectives run asynchronously (NCCL) poll their
+     * asynchronous errors meanwhile: #CP_ERROR_COMM for one, #CP_ERROR_TIMEOUT
+     * at the deadline; either way they abort the communicators they own.
+     * Without this slot a transport's collectives return with their work done
+     * or ordered on the stream, and the caller synchronizes the backend.
+     */
+    cp_status (*wait)(void *impl, const cp_xfer *x);
 } cp_transport_ops;
+
+/** Whether transport table @p ops has the optional slot @p slot. */
+#define CP_TRANSPORT_HAS(ops, slot)                                                        \
+    ((ops)->struct_size >= offsetof(cp_transport_ops, slot) + sizeof((ops)->slot) && (ops)->slot)
 
 /** What a module gets from the core when it is loaded. */
 typedef struct cp_module_host {

@@ -136,6 +136,14 @@ cp_status cpi_barrier(cp_comm *c, const cp_xfer *x)
     return c->ops->barrier(c->impl, &r);
 }
 
+cp_status cpi_comm_wait(cp_comm *c, const cp_xfer *x)
+{
+    if (!CP_TRANSPORT_HAS(c->ops, wait))
+        return CP_SUCCESS;
+    cp_xfer r = cpi_xfer_resolve(x);
+    return c->ops->wait(c->impl, &r);
+}
+
 cp_status cpi_all_reduce_host(cp_context *ctx, cp_comm *comm, int timeout_ms, double *v, size_t n,
                               cp_reduce_op op)
 {
@@ -150,12 +158,17 @@ cp_status cpi_all_reduce_host(cp_context *ctx, cp_comm *comm, int timeout_ms, do
     cp_status s = ctx->ops->copy_2d(ctx->state, dev, bytes, v, bytes, bytes, 1, CP_COPY_HOST_TO_DEVICE);
     if (s == CP_SUCCESS)
         s = cpi_all_reduce(comm, &x, dev, dev, n, CP_DTYPE_F64, op);
+    /* The transport waits with the timeout, watching for its own errors,
+     * before the copy to v: a copy to pageable memory blocks the host until
+     * the stream reaches it. A stream the transport gave up on may stay
+     * stuck, and synchronizing or freeing dev (which synchronizes) would
+     * hang: dev is left behind then. */
+    cp_status w = cpi_comm_wait(comm, &x);
+    if (w != CP_SUCCESS)
+        return s != CP_SUCCESS ? s : w;
     if (s == CP_SUCCESS)
         s = ctx->ops->copy_2d(ctx->state, v, bytes, dev, bytes, bytes, 1, CP_COPY_DEVICE_TO_HOST);
-    if (s == CP_SUCCESS)
-        s = ctx->ops->synchronize(ctx->state);
-    else
-        ctx->ops->synchronize(ctx->state); /* queued work may still use dev */
+    cp_status sync = ctx->ops->synchronize(ctx->state); /* queued work may still use dev */
     ctx->ops->free(ctx->state, dev);
-    return s;
+    return s != CP_SUCCESS ? s : sync;
 }

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* cp_group: a context, the CP communicator, and the a2a / p2p
  * sub-communicators the hybrid mode runs its two stages on. */
+#include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "comm/group.h"
 
@@ -87,10 +89,35 @@ CP_EXPORT cp_status cp_group_size(const cp_group *g, int *size)
     return CP_SUCCESS;
 }
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The sub-communicators' pending work gets one timeout in all: each wait has
+ * what is left of it (at least 1 ms, since 0 would mean forever). A
+ * transport that gives up aborts the communicators it owns and records why
+ * in cp_last_error(), so the destroys after this do not wait again. */
+static void drain(cp_group *g)
+{
+    const int64_t end = now_ms() + g->cfg.timeout_ms;
+    cp_comm *const subs[2] = { g->a2a, g->p2p };
+    for (int i = 0; i < 2; i++) {
+        if (!subs[i])
+            continue;
+        const int64_t left = end - now_ms();
+        cp_xfer x = { NULL, NULL, left < 1 ? 1 : (int)left };
+        (void)cpi_comm_wait(subs[i], &x);
+    }
+}
+
 CP_EXPORT void cp_group_destroy(cp_group *g)
 {
     if (!g)
         return;
+    drain(g);
     cp_comm_destroy(g->a2a);
     cp_comm_destroy(g->p2p);
     free(g);

@@ -32,6 +32,13 @@ cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *r
                          cp_dtype dtype, cp_reduce_op op);
 cp_status cpi_barrier(cp_comm *c, const cp_xfer *x);
 
+/* Wait, with x->timeout_ms, for the work this rank queued on c (and for x's
+ * stream), through the transport's optional wait slot: CP_ERROR_TIMEOUT or
+ * CP_ERROR_COMM when it gives up. Transports without the slot finish (or
+ * order on the stream) inside each call: CP_SUCCESS at once. Call it before
+ * synchronizing a backend on transport work, which could otherwise hang. */
+cp_status cpi_comm_wait(cp_comm *c, const cp_xfer *x);
+
 /* v[0..n) = op over the ranks of comm, v in host memory (F64). The numbers
  * travel through memory of ctx's device (host memory when ctx is NULL), so
  * that transports which move only device memory (NCCL) work too. */

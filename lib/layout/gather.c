@@ -59,6 +59,9 @@ CP_EXPORT cp_status cp_layout_gather(cp_group *g, cp_layout l, const void *local
     for (int j = 0; j < g->size && s == CP_SUCCESS; j++)
         s = place(ctx, l, g->size, j, (const char *)stage + (size_t)j * shard, global, (size_t)batch, seq_len,
                   token_bytes);
+    cp_status w = cpi_comm_wait(g->comm, &x);
+    if (w != CP_SUCCESS)
+        return s != CP_SUCCESS ? s : w; /* stage stays: freeing it would wait for a stuck stream */
     cp_status sync = ctx->ops->synchronize(ctx->state); /* before stage goes */
     ctx->ops->free(ctx->state, stage);
     return s != CP_SUCCESS ? s : sync;

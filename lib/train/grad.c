@@ -68,6 +68,9 @@ static cp_status average(const bucket_run *r, void *buf, size_t n)
     }
     /* Backends have no scaling kernel: the bucket takes a trip to the host. */
     const size_t bytes = n * cpi_dtype_size(r->wide);
+    /* Bounded by the timeout, unlike the copy to pageable host memory, which
+     * blocks until the stream reaches it. */
+    CPI_TRY(cpi_comm_wait(r->comm, &r->x));
     CPI_TRY(r->b->copy_2d(r->bs, r->host, bytes, buf, bytes, bytes, 1, CP_COPY_DEVICE_TO_HOST));
     CPI_TRY(r->b->synchronize(r->bs));
     divide(r->host, r->wide, n, r->comm->size);
