@@ -325,6 +325,12 @@ cp_status comm_create(const char *kind, void *foreign, cp_comm **out);
 
 namespace {
 
+cp_status cu_set_deterministic(void *p, int on)
+{
+    st(p)->deterministic = on != 0;
+    return CP_SUCCESS;
+}
+
 cp_backend_ops make_ops()
 {
     cp_backend_ops o = {};
@@ -352,6 +358,7 @@ cp_backend_ops make_ops()
     o.event_record = cu_event_record;
     o.event_wait = cu_event_wait;
     o.comm_create = comm_create;
+    o.set_deterministic = cu_set_deterministic;
     return o;
 }
 
