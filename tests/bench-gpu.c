@@ -113,7 +113,8 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     double flops = 4.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * sh->D * (sh->causal ? 0.5 : 1.0);
     double tf = time_call(st, 0, &a, reps), tb = time_call(st, 1, &a, reps);
     if (csv) {
-        printf("%s,%d,%lld,%d,%d,%d,%.2f,%.2f\n", strcmp(path, "mma-det") ? "infinicp" : "infinicp-det", sh->D,
+        printf("%s,%d,%lld,%d,%d,%d,%.2f,%.2f\n",
+               !strcmp(path, "mma-det") ? "infinicp-det" : !strcmp(path, "mma-w8") ? "infinicp-w8" : "infinicp", sh->D,
                (long long)sh->S, sh->B, sh->H, sh->causal, flops / tf * 1e-12, 2.5 * flops / tb * 1e-12);
         fflush(stdout);
         ops->free(st, ws);
@@ -154,6 +155,9 @@ int main(int argc, char **argv)
         return 1;
     }
     void *st = open_path(NULL), *blas = open_path("cublas"), *simt = open_path("simt");
+    setenv("INFINICP_CUDA_BWD_WARPS", "8", 1);
+    void *w8 = open_path(NULL);
+    unsetenv("INFINICP_CUDA_BWD_WARPS");
     void *det = open_path(NULL);
     if (!CP_BACKEND_HAS(ops, set_deterministic) || ops->set_deterministic(det, 1) != CP_SUCCESS) {
         fprintf(stderr, "set_deterministic: not available\n");
@@ -175,6 +179,8 @@ int main(int argc, char **argv)
                     const shape sh = { S < 16384 ? (int)(16384 / S) : 1, 2048 / D, D, S, causal };
                     run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                     run(det, "mma-det", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
+                    if (getenv("BENCH_W8")) /* tuning: the atomic backward with 8-warp blocks */
+                        run(w8, "mma-w8", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                 }
         return 0;
     }

@@ -31,9 +31,14 @@ using namespace mma;
 // The atomic variant keeps dS^T of the query tile in shared memory, stored
 // [key][query] (the layout its registers hold), for the dQ product.
 __host__ __device__ constexpr int ds_pitch(int DP) { return dkdv_bq(DP) + 8; }
-inline int dkdv_atomic_smem(int DP)
+
+// dK/dV blocks of NW warps own 16 NW keys: the deterministic variant uses 4
+// (DKDV_BK = 64 keys); the atomic one 4 or 8 (INFINICP_CUDA_BWD_WARPS,
+// tuning: 128 keys halve the reductions and the Q / dO tile loads per key).
+inline int dkdv_smem_nw(int DP, int NW, bool atomic)
 {
-    return dkdv_smem(DP) + DKDV_BK * ds_pitch(DP) * 2;
+    const int BK = 16 * NW, BQ = dkdv_bq(DP);
+    return tile_bytes(2 * BK + 2 * BQ, DP) + 2 * BQ * 4 + (atomic ? BK * ds_pitch(DP) * 2 : 0);
 }
 
 // A operand (16 rows from m0, k columns [k0, k0 + 16)) from a tile stored
@@ -60,11 +65,11 @@ __device__ __forceinline__ void red_add4(float *row, float a, float b, float c, 
 
 // dQ rows [i0 + 16 wm, +16) x columns [col0, col0 + NC) of query head h from
 // dS (in dSs, [key][query]) and the K tile: dq += dS K, added into p.dqa.
-template <typename T, int DP, int NC>
+template <typename T, int DP, int BK, int NC>
 __device__ __forceinline__ void add_dq(const attn_params &p, const T *dSs, const T *Ks, int64_t b, int h,
                                        int64_t i0, int wm, int col0, int lane)
 {
-    constexpr int BK = DKDV_BK, PITCH = DP + 8, SP = ds_pitch(DP);
+    constexpr int PITCH = DP + 8, SP = ds_pitch(DP);
     const int g = lane >> 2, tq = lane & 3;
     float acc[NC / 8][4];
 #pragma unroll
@@ -122,14 +127,14 @@ __device__ __forceinline__ void add_dq(const attn_params &p, const T *dSs, const
     }
 }
 
-template <typename T, int DP, bool ATOMIC>
-__global__ void __launch_bounds__(128) dkdv_mma_kernel(attn_params p)
+template <typename T, int DP, bool ATOMIC, int NW>
+__global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
 {
-    constexpr int BK = DKDV_BK, BQ = dkdv_bq(DP), DC = dkdv_dc(DP), NCH = DP / DC, PITCH = DP + 8;
+    constexpr int BK = 16 * NW, BQ = dkdv_bq(DP), DC = dkdv_dc(DP), NCH = DP / DC, PITCH = DP + 8;
     // atomic dQ: warp w takes query rows 16 (w % WM) and columns NC (w / WM)
-    // of its chunk (a 16 x 64 piece for every head dim)
-    constexpr int WM = BQ / 16, WN = 4 / WM, NC = DC / WN, SP = ds_pitch(DP);
-    static_assert(WM * WN == 4 && NC % 16 == 0, "dQ pieces cover the tile");
+    // of its chunk (16 x 64 pieces with 4 warps, 16 x 32 with 8)
+    constexpr int WM = BQ / 16, WN = NW / WM, NC = DC / WN, SP = ds_pitch(DP);
+    static_assert(WM * WN == NW && NC % 16 == 0, "dQ pieces cover the tile");
     extern __shared__ __align__(16) unsigned char smem[];
     T *Ks = reinterpret_cast<T *>(smem), *Vs = Ks + BK * PITCH, *Qs = Vs + BK * PITCH, *dOs = Qs + BQ * PITCH;
     float *lse2s = reinterpret_cast<float *>(dOs + BQ * PITCH), *drs = lse2s + BQ;
@@ -227,7 +232,7 @@ __global__ void __launch_bounds__(128) dkdv_mma_kernel(attn_params p)
             }
             if (ATOMIC) {
                 __syncthreads(); // every warp's dS rows are in
-                add_dq<T, DP, NC>(p, dSs, Ks, b, h, i0, warp % WM, c0 + (warp / WM) * NC, lane);
+                add_dq<T, DP, BK, NC>(p, dSs, Ks, b, h, i0, warp % WM, c0 + (warp / WM) * NC, lane);
             }
         }
     }
@@ -399,22 +404,33 @@ int64_t sums_cols(const attn_params &p)
     return (p.D + 3) / 4 * 4;
 }
 
-bool use_atomic(const state *s, const attn_params &p)
+// Warps of the atomic dK/dV blocks (0 = deterministic variant).
+int atomic_warps(const state *s, const attn_params &p)
 {
-    return !s->deterministic && dkdv_atomic_smem(padded_dim(p.D, p.Dv)) <= s->smem_optin;
+    if (s->deterministic)
+        return 0;
+    const int DP = padded_dim(p.D, p.Dv);
+    if (s->bwd_warps == 8 && DP <= 128 && dkdv_smem_nw(DP, 8, true) <= s->smem_optin)
+        return 8;
+    return dkdv_smem_nw(DP, 4, true) <= s->smem_optin ? 4 : 0;
 }
 
-template <typename T, int DP>
-cp_status launch_dkdv(state *s, const attn_params &p, bool atomic)
+bool use_atomic(const state *s, const attn_params &p)
 {
-    auto k1 = atomic ? dkdv_mma_kernel<T, DP, true> : dkdv_mma_kernel<T, DP, false>;
-    const int b1 = atomic ? dkdv_atomic_smem(DP) : dkdv_smem(DP);
-    const char *what = atomic ? "attention backward dK/dV/dQ (mma, atomic)" : "attention backward dK/dV (mma)";
+    return atomic_warps(s, p) != 0;
+}
+
+template <typename T, int DP, bool ATOMIC, int NW>
+cp_status launch_dkdv(state *s, const attn_params &p)
+{
+    auto k1 = dkdv_mma_kernel<T, DP, ATOMIC, NW>;
+    const int b1 = dkdv_smem_nw(DP, NW, ATOMIC);
+    const char *what = ATOMIC ? "attention backward dK/dV/dQ (mma, atomic)" : "attention backward dK/dV (mma)";
     cp_status r = allow_smem((const void *)k1, b1, what);
     if (r != CP_SUCCESS)
         return r;
-    dim3 g1((unsigned)((p.Sk + DKDV_BK - 1) / DKDV_BK), (unsigned)p.Hkv, (unsigned)(p.B * (DP / dkdv_dc(DP))));
-    k1<<<g1, 128, b1, s->stream>>>(p);
+    dim3 g1((unsigned)((p.Sk + 16 * NW - 1) / (16 * NW)), (unsigned)p.Hkv, (unsigned)(p.B * (DP / dkdv_dc(DP))));
+    k1<<<g1, 32 * NW, b1, s->stream>>>(p);
     return check_launch(what);
 }
 
@@ -442,11 +458,13 @@ cp_status launch_bwd(state *s, const attn_params &p0, void *ws)
             if (e != cudaSuccess)
                 return cuda_fail("cudaMemsetAsync", e);
         }
-        if ((r = launch_dkdv<T, DP>(s, p, true)) != CP_SUCCESS)
+        r = atomic_warps(s, p) == 8 && DP <= 128 ? launch_dkdv<T, DP, true, DP <= 128 ? 8 : 4>(s, p)
+                                                 : launch_dkdv<T, DP, true, 4>(s, p);
+        if (r != CP_SUCCESS)
             return r;
         return sums ? launch_finish(s, p, sums) : CP_SUCCESS;
     }
-    if ((r = launch_dkdv<T, DP>(s, p0, false)) != CP_SUCCESS)
+    if ((r = launch_dkdv<T, DP, false, 4>(s, p0)) != CP_SUCCESS)
         return r;
     auto k2 = dq_mma_kernel<T, DP>;
     const int b2 = dq_smem(DP);

@@ -48,6 +48,7 @@ struct state {
     int smem_optin;                   // bytes of shared memory a block may opt into
     int cc;                           // compute capability, major * 10 + minor
     int deterministic;                // backward bitwise reproducible (no atomics); 0 = fastest
+    int bwd_warps;                    // warps of the atomic backward's blocks (tuning; 0 = default)
 };
 
 // Make the state's device current on the calling thread.

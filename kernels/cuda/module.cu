@@ -96,6 +96,8 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->path = path_from_env();
     const char *mt = getenv("INFINICP_CUDA_FWD_MT"); // tuning knob, see attn_mma_fwd.cu
     s->fwd_mt = mt && !strcmp(mt, "1") ? 1 : 0;
+    const char *bw = getenv("INFINICP_CUDA_BWD_WARPS"); // tuning knob, see attn_mma_bwd.cu
+    s->bwd_warps = bw && !strcmp(bw, "8") ? 8 : 0;
     int major = 0, minor = 0;
     if ((e = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device_index)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index)) !=
