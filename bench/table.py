@@ -37,6 +37,15 @@ def main():
               + " | ".join(ratio(r, o, i) for i in (0, 1) for o in ("flash", "cudnn")) + " |")
     print("\nTFLOP/s, bf16, FLOPs as FlashAttention counts them (4 B H S^2 D forward, halved "
           "when causal; backward 2.5x)")
+    det = [k for k in sorted(rows) if "infinicp" in rows[k] and "infinicp-det" in rows[k]]
+    if det:
+        print("\n| D | S | causal | bwd default | bwd deterministic | cost of determinism |")
+        print("|---|---|---|---|---|---|")
+        for key in det:
+            a, dt = rows[key]["infinicp"][1], rows[key]["infinicp-det"][1]
+            print(f"| {key[0]} | {key[2]} | {'yes' if key[1] else 'no'} | {a:.0f} | {dt:.0f} | "
+                  f"{(a / dt - 1) * 100:+.0f} % |")
+        print("\nbackward TFLOP/s; the cost is the deterministic backward's extra time over the default's")
     if len(sys.argv) < 3:
         return
     try:

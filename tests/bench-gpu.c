@@ -7,8 +7,10 @@
  * after a warm-up. Usage: bench-gpu [reps]
  * bench-gpu --csv [reps] times the shapes of bench/bench.sh instead (bf16,
  * head_dim 64 and 128, 2048 values per token, seq 1k to 32k at 16k tokens
- * per batch, causal and not) and prints one CSV line per shape:
+ * per batch, causal and not) and prints one CSV line per shape and variant:
  * impl,head_dim,seq,batch,heads,causal,fwd_tflops,bwd_tflops
+ * with impl "infinicp" (the default backward, dQ added with atomics) and
+ * "infinicp-det" (cp_context_config.deterministic = 1).
  */
 #include <math.h>
 #include <stdint.h>
@@ -111,8 +113,9 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     double flops = 4.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * sh->D * (sh->causal ? 0.5 : 1.0);
     double tf = time_call(st, 0, &a, reps), tb = time_call(st, 1, &a, reps);
     if (csv) {
-        printf("infinicp,%d,%lld,%d,%d,%d,%.2f,%.2f\n", sh->D, (long long)sh->S, sh->B, sh->H, sh->causal,
-               flops / tf * 1e-12, 2.5 * flops / tb * 1e-12);
+        printf("%s,%d,%lld,%d,%d,%d,%.2f,%.2f\n",
+               !strcmp(path, "mma-det") ? "infinicp-det" : !strcmp(path, "mma-w8") ? "infinicp-w8" : "infinicp", sh->D,
+               (long long)sh->S, sh->B, sh->H, sh->causal, flops / tf * 1e-12, 2.5 * flops / tb * 1e-12);
         fflush(stdout);
         ops->free(st, ws);
         return;
@@ -152,6 +155,14 @@ int main(int argc, char **argv)
         return 1;
     }
     void *st = open_path(NULL), *blas = open_path("cublas"), *simt = open_path("simt");
+    setenv("INFINICP_CUDA_BWD_WARPS", "8", 1);
+    void *w8 = open_path(NULL);
+    unsetenv("INFINICP_CUDA_BWD_WARPS");
+    void *det = open_path(NULL);
+    if (!CP_BACKEND_HAS(ops, set_deterministic) || ops->set_deterministic(det, 1) != CP_SUCCESS) {
+        fprintf(stderr, "set_deterministic: not available\n");
+        return 1;
+    }
     setenv("INFINICP_CUDA_FWD_MT", "1", 1);
     void *mt1 = open_path(NULL);
     unsetenv("INFINICP_CUDA_FWD_MT");
@@ -167,6 +178,9 @@ int main(int argc, char **argv)
                 for (int causal = 0; causal < 2; causal++) {
                     const shape sh = { S < 16384 ? (int)(16384 / S) : 1, 2048 / D, D, S, causal };
                     run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
+                    run(det, "mma-det", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
+                    if (getenv("BENCH_W8")) /* tuning: the atomic backward with 8-warp blocks */
+                        run(w8, "mma-w8", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                 }
         return 0;
     }
@@ -174,8 +188,10 @@ int main(int argc, char **argv)
         {4, 16, 128, 4096, 0}, {4, 16, 128, 4096, 1}, {2, 16, 128, 8192, 1}, {1, 16, 128, 16384, 0},
         {1, 16, 128, 16384, 1}, {4, 32, 64, 4096, 1},  {1, 32, 64, 16384, 1}, {4, 8, 256, 4096, 1},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         run(st, "mma", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
+        run(det, "mma-det", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    }
     /* the forward with one row tile per warp, for comparison */
     run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[1], q, k, v, o, dout, dq, dk, dv, lse, reps);
     run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[4], q, k, v, o, dout, dq, dk, dv, lse, reps);

@@ -17,11 +17,15 @@
 static const cp_backend_ops *gpu_ops;
 
 /* Load the module and open device 0 with the attention path forced to
- * `path` (NULL = automatic; "mma-mt1" = the mma path with one row tile per
- * warp in the forward). Returns NULL, having printed why, when there is no
- * module, driver or GPU. */
+ * `path` (NULL = automatic, whose F16 / BF16 backward adds dQ with atomics;
+ * "mma-mt1" = the mma path with one row tile per warp in the forward;
+ * "mma-det" = the automatic path with the deterministic backward). Returns
+ * NULL, having printed why, when there is no module, driver or GPU. */
 static inline void *gpu_open(const char *path)
 {
+    const int det = path && !strcmp(path, "mma-det");
+    if (det)
+        path = NULL;
     if (path && !strcmp(path, "mma-mt1")) {
         setenv("INFINICP_CUDA_FWD_MT", "1", 1);
         path = NULL;
@@ -44,6 +48,11 @@ static inline void *gpu_open(const char *path)
     if (s != CP_SUCCESS) {
         printf("SKIP: no usable CUDA device: %s (%s)\n", cp_last_error(), cp_status_string(s));
         return NULL;
+    }
+    if (det) {
+        if (!CP_BACKEND_HAS(gpu_ops, set_deterministic))
+            fail_msg("the CUDA module has no set_deterministic slot");
+        assert_int_equal(gpu_ops->set_deterministic(st, 1), CP_SUCCESS);
     }
     return st;
 }

@@ -103,6 +103,26 @@ static void test_context_config_struct_size(void **state)
     assert_int_equal(cp_context_create(&newer.cfg, &ctx), CP_SUCCESS);
     cp_context_destroy(ctx);
 
+    /* A caller built before `deterministic` existed: its struct ends at
+     * num_threads, and whatever lies after it must not be read (99 would be
+     * rejected); the field then has its default. */
+    cp_context_config older = CP_CONTEXT_CONFIG_INIT;
+    older.struct_size = offsetof(cp_context_config, num_threads) + sizeof(int);
+    older.deterministic = 99;
+    assert_int_equal(cp_context_create(&older, &ctx), CP_SUCCESS);
+    cp_context_destroy(ctx);
+    /* The same bytes with the full size are read, and rejected. */
+    older.struct_size = sizeof older;
+    EXPECT_ERROR(cp_context_create(&older, &ctx), CP_ERROR_INVALID_ARGUMENT, "cfg->deterministic = 99");
+
+    /* Both settings open a CPU context (deterministic always). */
+    for (int d = 0; d <= 1; d++) {
+        cp_context_config c1 = CP_CONTEXT_CONFIG_INIT;
+        c1.deterministic = d;
+        assert_int_equal(cp_context_create(&c1, &ctx), CP_SUCCESS);
+        cp_context_destroy(ctx);
+    }
+
     cp_context_config c = CP_CONTEXT_CONFIG_INIT;
     c.struct_size = 0;
     EXPECT_ERROR(cp_context_create(&c, &ctx), CP_ERROR_INVALID_ARGUMENT, "struct_size");
@@ -138,6 +158,13 @@ static void test_context_bad_arguments(void **state)
     EXPECT_ERROR(cp_context_create(&c, &ctx), CP_ERROR_INVALID_ARGUMENT, "num_threads = -1");
     c.num_threads = 1 << 30;
     EXPECT_ERROR(cp_context_create(&c, &ctx), CP_ERROR_INVALID_ARGUMENT, "num_threads");
+
+    c = (cp_context_config)CP_CONTEXT_CONFIG_INIT;
+    c.deterministic = 2;
+    EXPECT_ERROR(cp_context_create(&c, &ctx), CP_ERROR_INVALID_ARGUMENT, "cfg->deterministic = 2");
+    assert_null(ctx);
+    c.deterministic = -1;
+    EXPECT_ERROR(cp_context_create(&c, &ctx), CP_ERROR_INVALID_ARGUMENT, "cfg->deterministic = -1");
 
     EXPECT_ERROR(cp_context_set_stream(NULL, NULL), CP_ERROR_INVALID_ARGUMENT, "ctx");
     EXPECT_ERROR(cp_context_synchronize(NULL), CP_ERROR_INVALID_ARGUMENT, "ctx");

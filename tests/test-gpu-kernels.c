@@ -24,10 +24,11 @@
 #include "gpuenv.h"
 #include "testutil.h"
 
-/* "auto" picks mma for F16 / BF16 (two row tiles per warp in the forward),
- * "mma-mt1" the mma forward with one row tile per warp. */
-enum { PATH_AUTO, PATH_MT1, PATH_SIMT, PATH_BLAS, NPATHS };
-static const char *path_name[NPATHS] = {"auto", "mma-mt1", "simt", "cublas"};
+/* "auto" picks mma for F16 / BF16 (two row tiles per warp in the forward;
+ * the backward adding dQ with atomics), "mma-mt1" the mma forward with one
+ * row tile per warp, "mma-det" the deterministic mma backward. */
+enum { PATH_AUTO, PATH_MT1, PATH_DET, PATH_SIMT, PATH_BLAS, NPATHS };
+static const char *path_name[NPATHS] = {"auto", "mma-mt1", "mma-det", "simt", "cublas"};
 static void *states[NPATHS];
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -444,13 +445,20 @@ typedef struct bwd_out {
     double *dq, *dk, *dv;
 } bwd_out;
 
-/* Backward in two modes: (a) one call writing grads in the storage type over
- * poisoned buffers; (b) two calls over the key halves adding into zeroed F32
- * grads. */
-static bwd_out run_backward(void *st, const dcase *d, const dbufs *b, int accumulate_halves)
+/* Backward modes: grads in the storage type or F32, written by one call over
+ * poisoned (NaN) buffers or added by two calls over the key halves into
+ * zeroed ones. The atomic dQ takes a different route in each: a workspace
+ * then a conversion (storage type), dq cleared then added into (F32, one
+ * call), dq added into (F32, halves), a workspace then an addition (storage
+ * type, halves). */
+enum { BWD_ONE, BWD_HALVES_F32, BWD_ONE_F32, BWD_HALVES, NBWD };
+static const char *bwd_name[NBWD] = {"one", "acc-f32", "one-f32", "acc"};
+
+static bwd_out run_backward(void *st, const dcase *d, const dbufs *b, int mode)
 {
     const blk *c = d->c;
-    const cp_dtype gt = accumulate_halves ? CP_DTYPE_F32 : d->t;
+    const int accumulate_halves = mode == BWD_HALVES_F32 || mode == BWD_HALVES;
+    const cp_dtype gt = mode == BWD_HALVES_F32 || mode == BWD_ONE_F32 ? CP_DTYPE_F32 : d->t;
     const size_t ges = cpref_dtype_size(gt);
     void *g[3];
     const lay *gl[3] = {&d->lq, &d->lk, &d->lv};
@@ -545,13 +553,13 @@ static void check_case(const blk *c, cp_dtype t, int *failures)
     make_case(&d, c, t);
     const size_t nl = (size_t)c->B * c->H * c->Sq;
     fwd_out f[NPATHS][2];
-    bwd_out g[NPATHS][2];
+    bwd_out g[NPATHS][NBWD];
     for (int p = 0; p < NPATHS; p++) {
         dbufs b = upload_case(states[p], &d);
-        for (int mode = 0; mode < 2; mode++) {
+        for (int mode = 0; mode < 2; mode++)
             f[p][mode] = run_forward(states[p], &d, &b, mode);
+        for (int mode = 0; mode < NBWD; mode++)
             g[p][mode] = run_backward(states[p], &d, &b, mode);
-        }
         free_bufs(states[p], &b);
     }
     /* Accumulating over only hidden keys leaves a row as it was: its poison
@@ -573,29 +581,32 @@ static void check_case(const blk *c, cp_dtype t, int *failures)
         printf("%s: a row with no visible key was written in accumulate mode  <-- FAIL\n", c->name);
     *failures += !untouched_ok;
     for (int p = 0; p < NPATHS; p++)
-        for (int mode = 0; mode < 2; mode++) {
-            double eo = rel_err(f[p][mode].o, d.o, d.no), el = lse_error(d.lse, f[p][mode].lse, nl);
+        for (int mode = 0; mode < NBWD; mode++) {
+            /* forward modes 0, 1 are checked with backward modes 0, 1 */
+            const int fm = mode & 1;
+            double eo = rel_err(f[p][fm].o, d.o, d.no), el = lse_error(d.lse, f[p][fm].lse, nl);
             double eq = rel_err(g[p][mode].dq, d.dq, d.nq), ek = rel_err(g[p][mode].dk, d.dk, d.nk);
             double ev = rel_err(g[p][mode].dv, d.dv, d.nv);
             /* against the cuBLAS path, relative to the reference's size */
-            double xo = rel_err(f[p][mode].o, f[PATH_BLAS][mode].o, d.no);
+            double xo = rel_err(f[p][fm].o, f[PATH_BLAS][fm].o, d.no);
             double xq = rel_err(g[p][mode].dq, g[PATH_BLAS][mode].dq, d.nq);
             double xk = rel_err(g[p][mode].dk, g[PATH_BLAS][mode].dk, d.nk);
-            size_t nonfinite = count_nonfinite(f[p][mode].o, d.no) + count_nonfinite(g[p][mode].dq, d.nq) +
+            size_t nonfinite = count_nonfinite(f[p][fm].o, d.no) + count_nonfinite(g[p][mode].dq, d.nq) +
                                count_nonfinite(g[p][mode].dk, d.nk) + count_nonfinite(g[p][mode].dv, d.nv);
             int bad = nonfinite || !(eo <= tol_fwd(t)) || !(el <= 1e-4) || !(eq <= tol_bwd(t)) ||
                       !(ek <= tol_bwd(t)) || !(ev <= tol_bwd(t)) || !(xo <= 2 * tol_fwd(t)) ||
                       !(xq <= 2 * tol_bwd(t)) || !(xk <= 2 * tol_bwd(t));
-            printf("%-16s %-4s %-7s %s  o %.2e lse %.1e dq %.2e dk %.2e dv %.2e | vs cublas o %.1e dq %.1e dk %.1e%s\n",
+            printf("%-16s %-4s %-7s %-7s  o %.2e lse %.1e dq %.2e dk %.2e dv %.2e | vs cublas o %.1e dq %.1e dk %.1e%s\n",
                    c->name, dtype_name[t == CP_DTYPE_F32 ? 0 : t == CP_DTYPE_F16 ? 1 : 2], path_name[p],
-                   mode ? "acc" : "one", eo, el, eq, ek, ev, xo, xq, xk, bad ? "  <-- FAIL" : "");
+                   bwd_name[mode], eo, el, eq, ek, ev, xo, xq, xk, bad ? "  <-- FAIL" : "");
             *failures += bad;
         }
-    for (int p = 0; p < NPATHS; p++)
-        for (int mode = 0; mode < 2; mode++) {
+    for (int p = 0; p < NPATHS; p++) {
+        for (int mode = 0; mode < 2; mode++)
             free(f[p][mode].o), free(f[p][mode].lse);
+        for (int mode = 0; mode < NBWD; mode++)
             free(g[p][mode].dq), free(g[p][mode].dk), free(g[p][mode].dv);
-        }
+    }
     free_case(&d);
 }
 
@@ -638,21 +649,34 @@ static void test_hidden_block_is_exact(void **unused)
     }
 }
 
-/* The backward is deterministic: two runs give identical bits. */
+/* With deterministic = 1 the backward gives identical bits run after run
+ * (F32 and storage-type grads); dk and dv, never summed with atomics, are
+ * identical in the default mode too. Many key tiles adding into the same dQ
+ * rows make a varying order likely to show if atomics were used. */
 static void test_backward_deterministic(void **unused)
 {
     (void)unused;
-    const blk c = {"determinism", 1, 4, 2, 128, 128, 300, 300, 0, 0, 1, CP_FORMAT_BSHD, 0};
+    const blk c = {"determinism", 1, 4, 2, 128, 128, 700, 700, 0, 0, 0, CP_FORMAT_BSHD, 0};
     dcase d;
     make_case(&d, &c, CP_DTYPE_BF16);
-    dbufs b = upload_case(states[PATH_AUTO], &d);
-    bwd_out g1 = run_backward(states[PATH_AUTO], &d, &b, 1);
-    bwd_out g2 = run_backward(states[PATH_AUTO], &d, &b, 1);
-    assert_memory_equal(g1.dq, g2.dq, d.nq * sizeof(double));
-    assert_memory_equal(g1.dk, g2.dk, d.nk * sizeof(double));
-    assert_memory_equal(g1.dv, g2.dv, d.nv * sizeof(double));
-    free(g1.dq), free(g1.dk), free(g1.dv), free(g2.dq), free(g2.dk), free(g2.dv);
-    free_bufs(states[PATH_AUTO], &b);
+    const int paths[] = {PATH_DET, PATH_AUTO};
+    for (int pi = 0; pi < 2; pi++) {
+        void *st = states[paths[pi]];
+        dbufs b = upload_case(st, &d);
+        for (int mode = BWD_ONE; mode <= BWD_HALVES_F32; mode++) {
+            bwd_out g1 = run_backward(st, &d, &b, mode);
+            for (int rep = 0; rep < 3; rep++) {
+                bwd_out g2 = run_backward(st, &d, &b, mode);
+                if (paths[pi] == PATH_DET)
+                    assert_memory_equal(g1.dq, g2.dq, d.nq * sizeof(double));
+                assert_memory_equal(g1.dk, g2.dk, d.nk * sizeof(double));
+                assert_memory_equal(g1.dv, g2.dv, d.nv * sizeof(double));
+                free(g2.dq), free(g2.dk), free(g2.dv);
+            }
+            free(g1.dq), free(g1.dk), free(g1.dv);
+        }
+        free_bufs(st, &b);
+    }
     free_case(&d);
 }
 

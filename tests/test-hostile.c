@@ -319,6 +319,9 @@ static void row_context_create(void **state)
         INT_CASE(T, num_threads, 4097, E, "cfg->num_threads = 4097"),
         INT_CASE(T, num_threads, INT_MAX, E, "cfg->num_threads = 2147483647"),
         INT_CASE(T, num_threads, INT_MIN, E, "cfg->num_threads = -2147483648"),
+        INT_CASE(T, deterministic, 2, E, "cfg->deterministic = 2"),
+        INT_CASE(T, deterministic, -1, E, "cfg->deterministic = -1"),
+        INT_CASE(T, deterministic, INT_MAX, E, "cfg->deterministic = 2147483647"),
     };
     run_field_cases(&cfg, sizeof cfg, cases, sizeof cases / sizeof cases[0], call_context_create);
     run_struct_sizes("cfg", &cfg, sizeof cfg, offsetof(T, num_threads) + sizeof(int), call_context_create);

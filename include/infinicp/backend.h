@@ -128,6 +128,14 @@ typedef struct cp_backend_ops {
      * for a kind it does not know.
      */
     cp_status (*comm_create)(const char *kind, void *foreign, cp_comm **out);
+
+    /**
+     * Choose between bitwise reproducible kernels (@p on = 1) and the
+     * fastest ones (0) for later work of this state; the core calls it right
+     * after open() with cp_context_config.deterministic. A backend without
+     * this slot must be deterministic always (the CPU backend is).
+     */
+    cp_status (*set_deterministic)(void *state, int on);
 } cp_backend_ops;
 
 /** Streams a device backend offers through cp_backend_ops.stream_select. */

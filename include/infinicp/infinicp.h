@@ -122,10 +122,20 @@ typedef struct cp_context_config {
     int device_index;   /**< device ordinal; must be 0 for the CPU */
     void *stream;       /**< CUDA: a cudaStream_t (NULL = default stream); CPU: must be NULL */
     int num_threads;    /**< CPU worker threads; 0 = one per online processor */
+    /**
+     * 1: every backward result (dq, dk, dv) is bitwise reproducible from run
+     * to run for the same inputs, device and configuration; 0 (the default):
+     * the backend's fastest kernels, which on CUDA add dq with floating-point
+     * atomics (same accuracy, last bits vary between runs). The CPU backend
+     * is deterministic either way. The environment variable
+     * INFINICP_DETERMINISTIC=1 turns it on for every context. Added after
+     * the first release: a caller whose struct_size ends before it gets 0.
+     */
+    int deterministic;
 } cp_context_config;
 
-/** Defaults: CPU device 0, no stream, one thread per processor. */
-#define CP_CONTEXT_CONFIG_INIT { sizeof(cp_context_config), CP_DEVICE_CPU, 0, NULL, 0 }
+/** Defaults: CPU device 0, no stream, one thread per processor, fastest backward. */
+#define CP_CONTEXT_CONFIG_INIT { sizeof(cp_context_config), CP_DEVICE_CPU, 0, NULL, 0, 0 }
 
 /**
  * @brief Create a context on a device.

@@ -16,7 +16,9 @@
 // (tuning; both variants are measured by tests/bench-gpu.c).
 //
 // Workspace: forward on the fused paths needs none; backward needs one float
-// per query row (rowsum(dO * O)); the cuBLAS path adds its chunk buffers.
+// per query row (rowsum(dO * O)); the cuBLAS path adds its chunk buffers, the
+// mma backward with atomics (not deterministic) its fp32 dQ sums unless the
+// grads are F32.
 #include <cinttypes>
 #include <cmath>
 
@@ -144,11 +146,13 @@ size_t drow_bytes(const attn_params &p)
     return round_up((size_t)p.B * (size_t)p.H * (size_t)p.Sq * sizeof(float));
 }
 
-cp_status workspace_for(const attn_params &p, int backward, attn_path path, size_t *bytes)
+cp_status workspace_for(const state *s, const attn_params &p, int backward, attn_path path, size_t *bytes)
 {
     size_t n = backward ? drow_bytes(p) : 0;
     if (path == PATH_BLAS)
         n += blas_workspace(p, backward);
+    if (path == PATH_MMA && backward)
+        n += mma_bwd_workspace(s, p);
     *bytes = n;
     return CP_SUCCESS;
 }
@@ -211,7 +215,7 @@ cp_status attn_workspace_size(void *sp, const cp_kernel_attn_args *a, int backwa
     attn_path path = choose(st(sp), p, backward);
     if (path == PATH_AUTO)
         return unsupported(p, func);
-    return workspace_for(p, backward, path, bytes);
+    return workspace_for(st(sp), p, backward, path, bytes);
 }
 
 cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
@@ -230,7 +234,7 @@ cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
     if (path == PATH_SIMT)
         return simt_forward(s, p);
     size_t need;
-    workspace_for(p, 0, path, &need);
+    workspace_for(s, p, 0, path, &need);
     scratch w;
     if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
         return r;
@@ -249,7 +253,7 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     if (path == PATH_AUTO)
         return unsupported(p, func);
     size_t need;
-    workspace_for(p, 1, path, &need);
+    workspace_for(s, p, 1, path, &need);
     scratch w;
     if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
         return r;
@@ -257,7 +261,7 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     r = launch_drow(s, p);
     if (r == CP_SUCCESS) {
         if (path == PATH_MMA)
-            r = mma_backward(s, p);
+            r = mma_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p));
         else if (path == PATH_SIMT)
             r = simt_backward(s, p);
         else

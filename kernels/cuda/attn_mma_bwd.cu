@@ -1,6 +1,13 @@
 // SPDX-License-Identifier: MIT
-// Fused block attention backward on tensor cores (F16 / BF16), deterministic:
-// no atomics, every gradient element is owned by one thread.
+// Fused block attention backward on tensor cores (F16 / BF16), in two
+// variants:
+//  - deterministic (cp_context_config.deterministic = 1): no atomics, every
+//    gradient element is owned by one thread; a dK/dV kernel and a dQ kernel
+//    that recomputes S and dP;
+//  - atomic (the default): the dK/dV kernel alone, which also multiplies the
+//    dS tile it has by its K tile and adds dQ += dS K into fp32 sums with
+//    vector reductions (red.global.add.v4.f32 on sm_90). The order of those
+//    additions varies, so dq's last bits vary from run to run.
 //
 // dK/dV kernel: a block of 4 warps owns 64 key rows of one kv head (16 per
 // warp) and walks over every query head of its GQA group and every query
@@ -21,13 +28,117 @@ namespace {
 
 using namespace mma;
 
-template <typename T, int DP>
-__global__ void __launch_bounds__(128) dkdv_mma_kernel(attn_params p)
+// The atomic variant keeps dS^T of the query tile in shared memory, stored
+// [key][query] (the layout its registers hold), for the dQ product.
+__host__ __device__ constexpr int ds_pitch(int DP) { return dkdv_bq(DP) + 8; }
+
+// dK/dV blocks of NW warps own 16 NW keys: the deterministic variant uses 4
+// (DKDV_BK = 64 keys); the atomic one 4 or 8 (INFINICP_CUDA_BWD_WARPS,
+// tuning: 128 keys halve the reductions and the Q / dO tile loads per key).
+inline int dkdv_smem_nw(int DP, int NW, bool atomic)
 {
-    constexpr int BK = DKDV_BK, BQ = dkdv_bq(DP), DC = dkdv_dc(DP), NCH = DP / DC, PITCH = DP + 8;
+    const int BK = 16 * NW, BQ = dkdv_bq(DP);
+    return tile_bytes(2 * BK + 2 * BQ, DP) + 2 * BQ * 4 + (atomic ? BK * ds_pitch(DP) * 2 : 0);
+}
+
+// A operand (16 rows from m0, k columns [k0, k0 + 16)) from a tile stored
+// [k][m] (m contiguous), through the transposing load.
+template <int PITCH, typename T>
+__device__ __forceinline__ void load_a_km(uint32_t (&a)[4], const T *tile, int m0, int k0, int lane)
+{
+    ldsm_x4_t(a, tile + (k0 + (lane >> 4) * 8 + (lane & 7)) * PITCH + m0 + ((lane >> 3) & 1) * 8);
+}
+
+// row[0..3] += v: one 16-byte reduction on sm_90, four atomics before.
+__device__ __forceinline__ void red_add4(float *row, float a, float b, float c, float d)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+#else
+    atomicAdd(row, a);
+    atomicAdd(row + 1, b);
+    atomicAdd(row + 2, c);
+    atomicAdd(row + 3, d);
+#endif
+}
+
+// dQ rows [i0 + 16 wm, +16) x columns [col0, col0 + NC) of query head h from
+// dS (in dSs, [key][query]) and the K tile: dq += dS K, added into p.dqa.
+template <typename T, int DP, int BK, int NC>
+__device__ __forceinline__ void add_dq(const attn_params &p, const T *dSs, const T *Ks, int64_t b, int h,
+                                       int64_t i0, int wm, int col0, int lane)
+{
+    constexpr int PITCH = DP + 8, SP = ds_pitch(DP);
+    const int g = lane >> 2, tq = lane & 3;
+    float acc[NC / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < NC / 8; nb++)
+        acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+        uint32_t a[4];
+        load_a_km<SP>(a, dSs, wm * 16, kk * 16, lane);
+#pragma unroll
+        for (int nb2 = 0; nb2 < NC / 16; nb2++) {
+            uint32_t bb[4];
+            load_b_kn<PITCH>(bb, Ks, col0 + nb2 * 16, kk * 16, lane);
+            mma16816<T>(acc[2 * nb2], a, bb[0], bb[1]);
+            mma16816<T>(acc[2 * nb2 + 1], a, bb[2], bb[3]);
+        }
+    }
+    float *dq = static_cast<float *>(const_cast<void *>(p.dqa.p));
+    const int64_t r0 = i0 + wm * 16 + g;
+    if (p.dqa_vec) {
+        // Lanes 2t and 2t+1 swap halves so that each holds four consecutive
+        // columns of one row: the even lane row g, the odd one row g + 8.
+        const bool odd = tq & 1;
+        const int64_t i = r0 + (odd ? 8 : 0);
+        const bool row_ok = i < p.Sq;
+        float *row = dq + (row_ok ? at(p.dqa, b, i, h) : 0);
+#pragma unroll
+        for (int nb = 0; nb < NC / 8; nb++) {
+            const float s0 = odd ? acc[nb][0] : acc[nb][2], s1 = odd ? acc[nb][1] : acc[nb][3];
+            const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1), x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const int d = col0 + nb * 8 + (tq & 2) * 2;
+            if (row_ok && d < p.dqa_cols) {
+                if (odd)
+                    red_add4(row + d, x0, x1, acc[nb][2], acc[nb][3]);
+                else
+                    red_add4(row + d, acc[nb][0], acc[nb][1], x0, x1);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t i = r0 + r * 8;
+        if (i >= p.Sq)
+            continue;
+        float *row = dq + at(p.dqa, b, i, h);
+#pragma unroll
+        for (int nb = 0; nb < NC / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int d = col0 + nb * 8 + 2 * tq + e;
+                if (d < p.dqa_cols)
+                    atomicAdd(row + d, acc[nb][2 * r + e]);
+            }
+    }
+}
+
+template <typename T, int DP, bool ATOMIC, int NW>
+__global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
+{
+    constexpr int BK = 16 * NW, BQ = dkdv_bq(DP), DC = dkdv_dc(DP), NCH = DP / DC, PITCH = DP + 8;
+    // atomic dQ: warp w takes query rows 16 (w % WM) and columns NC (w / WM)
+    // of its chunk (16 x 64 pieces with 4 warps, 16 x 32 with 8)
+    constexpr int WM = BQ / 16, WN = NW / WM, NC = DC / WN, SP = ds_pitch(DP);
+    static_assert(WM * WN == NW && NC % 16 == 0, "dQ pieces cover the tile");
     extern __shared__ __align__(16) unsigned char smem[];
     T *Ks = reinterpret_cast<T *>(smem), *Vs = Ks + BK * PITCH, *Qs = Vs + BK * PITCH, *dOs = Qs + BQ * PITCH;
     float *lse2s = reinterpret_cast<float *>(dOs + BQ * PITCH), *drs = lse2s + BQ;
+    T *dSs = reinterpret_cast<T *>(drs + BQ); // atomic variant only
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int64_t k0 = (int64_t)blockIdx.x * BK;
     const int hk = blockIdx.y;
@@ -95,6 +206,14 @@ __global__ void __launch_bounds__(128) dkdv_mma_kernel(attn_params p)
                     st[nb][c] = pv;
                     dpt[nb][c] = p.scale * pv * (dpt[nb][c] - drs[il]);
                 }
+            if (ATOMIC) {
+#pragma unroll
+                for (int nb = 0; nb < BQ / 8; nb++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+                        *reinterpret_cast<uint32_t *>(dSs + (warp * 16 + g + r * 8) * SP + nb * 8 + 2 * tq) =
+                            pack2<T>(dpt[nb][2 * r], dpt[nb][2 * r + 1]);
+            }
 #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) {
                 uint32_t ap[4], as[4];
@@ -110,6 +229,10 @@ __global__ void __launch_bounds__(128) dkdv_mma_kernel(attn_params p)
                     mma16816<T>(adk[2 * nb2], as, bq[0], bq[1]);
                     mma16816<T>(adk[2 * nb2 + 1], as, bq[2], bq[3]);
                 }
+            }
+            if (ATOMIC) {
+                __syncthreads(); // every warp's dS rows are in
+                add_dq<T, DP, BK, NC>(p, dSs, Ks, b, h, i0, warp % WM, c0 + (warp / WM) * NC, lane);
             }
         }
     }
@@ -238,40 +361,142 @@ __global__ void __launch_bounds__(128) dq_mma_kernel(attn_params p)
     }
 }
 
-template <typename T, int DP>
-cp_status launch_bwd(state *s, const attn_params &p)
+// dq (grad dtype, strided) = sums (fp32, p.dqa), or += with grad_accumulate;
+// with sums = NULL, dq = 0 (the F32 case, before atomics add into dq itself).
+__global__ void dq_finish_kernel(attn_params p, const float *sums)
 {
-    auto k1 = dkdv_mma_kernel<T, DP>;
-    auto k2 = dq_mma_kernel<T, DP>;
-    const int b1 = dkdv_smem(DP), b2 = dq_smem(DP);
+    const int64_t rows = (int64_t)p.B * p.Sq * p.H;
+    void *dq = const_cast<void *>(p.dq.p);
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int h = (int)(r % p.H);
+        const int64_t i = r / p.H % p.Sq, b = r / p.H / p.Sq;
+        const int64_t o = at(p.dq, b, i, h);
+        const float *src = sums ? sums + at(p.dqa, b, i, h) : nullptr;
+        for (int d = threadIdx.x; d < p.D; d += blockDim.x) {
+            const float v = src ? src[d] : 0.0f;
+            st_f(dq, p.gdt, o + d, p.grad_accumulate && src ? ld_f(dq, p.gdt, o + d) + v : v);
+        }
+    }
+}
+
+int finish_threads(int D)
+{
+    return D <= 64 ? 64 : 128;
+}
+
+cp_status launch_finish(state *s, const attn_params &p, const float *sums)
+{
+    const int64_t rows = (int64_t)p.B * p.Sq * p.H;
+    const int64_t blocks = rows < 65536 ? rows : 65536;
+    dq_finish_kernel<<<(unsigned)blocks, finish_threads(p.D), 0, s->stream>>>(p, sums);
+    return check_launch("attention backward dQ finish (mma)");
+}
+
+bool dqa_aligned(const tensor &t)
+{
+    return (uintptr_t)t.p % 16 == 0 && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
+}
+
+// Columns of the fp32 dQ sums in the workspace: D rounded up to 4, so that
+// every row takes 16-byte reductions.
+int64_t sums_cols(const attn_params &p)
+{
+    return (p.D + 3) / 4 * 4;
+}
+
+// Warps of the atomic dK/dV blocks (0 = deterministic variant).
+int atomic_warps(const state *s, const attn_params &p)
+{
+    if (s->deterministic)
+        return 0;
+    const int DP = padded_dim(p.D, p.Dv);
+    if (s->bwd_warps == 8 && DP <= 128 && dkdv_smem_nw(DP, 8, true) <= s->smem_optin)
+        return 8;
+    return dkdv_smem_nw(DP, 4, true) <= s->smem_optin ? 4 : 0;
+}
+
+bool use_atomic(const state *s, const attn_params &p)
+{
+    return atomic_warps(s, p) != 0;
+}
+
+template <typename T, int DP, bool ATOMIC, int NW>
+cp_status launch_dkdv(state *s, const attn_params &p)
+{
+    auto k1 = dkdv_mma_kernel<T, DP, ATOMIC, NW>;
+    const int b1 = dkdv_smem_nw(DP, NW, ATOMIC);
+    const char *what = ATOMIC ? "attention backward dK/dV/dQ (mma, atomic)" : "attention backward dK/dV (mma)";
+    cp_status r = allow_smem((const void *)k1, b1, what);
+    if (r != CP_SUCCESS)
+        return r;
+    dim3 g1((unsigned)((p.Sk + 16 * NW - 1) / (16 * NW)), (unsigned)p.Hkv, (unsigned)(p.B * (DP / dkdv_dc(DP))));
+    k1<<<g1, 32 * NW, b1, s->stream>>>(p);
+    return check_launch(what);
+}
+
+template <typename T, int DP>
+cp_status launch_bwd(state *s, const attn_params &p0, void *ws)
+{
     cp_status r;
-    if ((r = allow_smem((const void *)k1, b1, "attention backward dK/dV (mma)")) != CP_SUCCESS ||
-        (r = allow_smem((const void *)k2, b2, "attention backward dQ (mma)")) != CP_SUCCESS)
+    if (use_atomic(s, p0)) {
+        attn_params p = p0;
+        float *sums = nullptr;
+        if (p.gdt == CP_DTYPE_F32) {
+            // add into dq itself; cleared first unless accumulating
+            p.dqa = p.dq;
+            p.dqa_cols = p.D;
+            p.dqa_vec = p.D % 4 == 0 && dqa_aligned(p.dq);
+            if (!p.grad_accumulate && (r = launch_finish(s, p, nullptr)) != CP_SUCCESS)
+                return r;
+        } else {
+            const int64_t cols = sums_cols(p);
+            sums = static_cast<float *>(ws);
+            p.dqa = tensor{sums, p.Sq * p.H * cols, p.H * cols, cols};
+            p.dqa_cols = (int)cols;
+            p.dqa_vec = dqa_aligned(p.dqa);
+            cudaError_t e = cudaMemsetAsync(sums, 0, mma_bwd_workspace(s, p), s->stream);
+            if (e != cudaSuccess)
+                return cuda_fail("cudaMemsetAsync", e);
+        }
+        r = atomic_warps(s, p) == 8 && DP <= 128 ? launch_dkdv<T, DP, true, DP <= 128 ? 8 : 4>(s, p)
+                                                 : launch_dkdv<T, DP, true, 4>(s, p);
+        if (r != CP_SUCCESS)
+            return r;
+        return sums ? launch_finish(s, p, sums) : CP_SUCCESS;
+    }
+    if ((r = launch_dkdv<T, DP, false, 4>(s, p0)) != CP_SUCCESS)
         return r;
-    dim3 g1((unsigned)((p.Sk + DKDV_BK - 1) / DKDV_BK), (unsigned)p.Hkv, (unsigned)(p.B * (DP / dkdv_dc(DP))));
-    k1<<<g1, 128, b1, s->stream>>>(p);
-    if ((r = check_launch("attention backward dK/dV (mma)")) != CP_SUCCESS)
+    auto k2 = dq_mma_kernel<T, DP>;
+    const int b2 = dq_smem(DP);
+    if ((r = allow_smem((const void *)k2, b2, "attention backward dQ (mma)")) != CP_SUCCESS)
         return r;
-    dim3 g2((unsigned)((p.Sq + DQ_BQ - 1) / DQ_BQ), (unsigned)p.H, (unsigned)p.B);
-    k2<<<g2, 128, b2, s->stream>>>(p);
+    dim3 g2((unsigned)((p0.Sq + DQ_BQ - 1) / DQ_BQ), (unsigned)p0.H, (unsigned)p0.B);
+    k2<<<g2, 128, b2, s->stream>>>(p0);
     return check_launch("attention backward dQ (mma)");
 }
 
 template <typename T>
-cp_status backward_t(state *s, const attn_params &p)
+cp_status backward_t(state *s, const attn_params &p, void *ws)
 {
     switch (padded_dim(p.D, p.Dv)) {
-    case 64: return launch_bwd<T, 64>(s, p);
-    case 128: return launch_bwd<T, 128>(s, p);
-    default: return launch_bwd<T, 256>(s, p);
+    case 64: return launch_bwd<T, 64>(s, p, ws);
+    case 128: return launch_bwd<T, 128>(s, p, ws);
+    default: return launch_bwd<T, 256>(s, p, ws);
     }
 }
 
 } // namespace
 
-cp_status mma_backward(state *s, const attn_params &p)
+size_t mma_bwd_workspace(const state *s, const attn_params &p)
 {
-    return p.dt == CP_DTYPE_BF16 ? backward_t<__nv_bfloat16>(s, p) : backward_t<__half>(s, p);
+    if (!use_atomic(s, p) || p.gdt == CP_DTYPE_F32)
+        return 0;
+    return (size_t)p.B * (size_t)p.Sq * (size_t)p.H * (size_t)sums_cols(p) * sizeof(float);
+}
+
+cp_status mma_backward(state *s, const attn_params &p, void *ws)
+{
+    return p.dt == CP_DTYPE_BF16 ? backward_t<__nv_bfloat16>(s, p, ws) : backward_t<__half>(s, p, ws);
 }
 
 } // namespace cu

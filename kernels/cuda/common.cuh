@@ -47,6 +47,8 @@ struct state {
     int sm_count;
     int smem_optin;                   // bytes of shared memory a block may opt into
     int cc;                           // compute capability, major * 10 + minor
+    int deterministic;                // backward bitwise reproducible (no atomics); 0 = fastest
+    int bwd_warps;                    // warps of the atomic backward's blocks (tuning; 0 = default)
 };
 
 // Make the state's device current on the calling thread.
@@ -78,6 +80,12 @@ struct attn_params {
     int accumulate, grad_accumulate;
     float *drow;        // backward: rowsum(dO * O), [B][H][Sq] in the workspace
     int vec;            // q, k, v (and dout) allow 16-byte loads of head rows
+    // Backward with atomics (mma path, deterministic = 0): the fp32 tensor dq
+    // is summed into (dq itself for F32 grads, else a workspace buffer), the
+    // columns it has (D, or D rounded up to 4 in the workspace), and whether
+    // its rows allow 16-byte vector reductions.
+    tensor dqa;
+    int dqa_cols, dqa_vec;
 };
 
 // Fill p from a (defaults resolved as the core does; checks what the kernels
@@ -208,7 +216,11 @@ cp_status simt_forward(state *s, const attn_params &p);
 cp_status simt_backward(state *s, const attn_params &p);
 bool mma_fits(const state *s, const attn_params &p, int backward);
 cp_status mma_forward(state *s, const attn_params &p);
-cp_status mma_backward(state *s, const attn_params &p);
+// ws: mma_bwd_workspace(s, p) bytes (or none when that is 0).
+cp_status mma_backward(state *s, const attn_params &p, void *ws);
+// Scratch the mma backward needs beyond drow: the fp32 dQ sums of the atomic
+// variant when the grads are not F32 (0 for the deterministic one).
+size_t mma_bwd_workspace(const state *s, const attn_params &p);
 bool blas_fits(const attn_params &p, int backward);
 size_t blas_workspace(const attn_params &p, int backward);
 cp_status blas_forward(state *s, const attn_params &p, void *ws);

@@ -96,6 +96,8 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->path = path_from_env();
     const char *mt = getenv("INFINICP_CUDA_FWD_MT"); // tuning knob, see attn_mma_fwd.cu
     s->fwd_mt = mt && !strcmp(mt, "1") ? 1 : 0;
+    const char *bw = getenv("INFINICP_CUDA_BWD_WARPS"); // tuning knob, see attn_mma_bwd.cu
+    s->bwd_warps = bw && !strcmp(bw, "8") ? 8 : 0;
     int major = 0, minor = 0;
     if ((e = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device_index)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index)) !=
@@ -325,6 +327,12 @@ cp_status comm_create(const char *kind, void *foreign, cp_comm **out);
 
 namespace {
 
+cp_status cu_set_deterministic(void *p, int on)
+{
+    st(p)->deterministic = on != 0;
+    return CP_SUCCESS;
+}
+
 cp_backend_ops make_ops()
 {
     cp_backend_ops o = {};
@@ -352,6 +360,7 @@ cp_backend_ops make_ops()
     o.event_record = cu_event_record;
     o.event_wait = cu_event_wait;
     o.comm_create = comm_create;
+    o.set_deterministic = cu_set_deterministic;
     return o;
 }
 

@@ -96,6 +96,8 @@ static const cp_backend_ops cpu_ops = {
     .attn_forward = cpi_cpu_attn_forward,
     .attn_backward = cpi_cpu_attn_backward,
     .merge = cpi_cpu_merge,
+    /* No set_deterministic: every CPU kernel sums in a fixed order, so its
+     * results are bitwise reproducible whatever cp_context_config says. */
 };
 
 const cp_backend_ops *cpi_cpu_backend(void)

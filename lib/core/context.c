@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* cp_context: a device, its backend and the stream work is ordered on. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/context.h"
 
@@ -29,6 +30,14 @@ CP_EXPORT cp_status cp_context_create(const cp_context_config *cfg, cp_context *
     CPI_CHECK(c.num_threads >= 0 && c.num_threads <= MAX_THREADS,
               "%s: cfg->num_threads = %d (must be 0 for automatic, or 1..%d)", __func__, c.num_threads,
               MAX_THREADS);
+    CPI_CHECK(c.deterministic == 0 || c.deterministic == 1,
+              "%s: cfg->deterministic = %d (must be 0 for the fastest backward or 1 for a bitwise "
+              "reproducible one)",
+              __func__, c.deterministic);
+    /* Frameworks' users ask for reproducibility without touching code. */
+    const char *env = getenv("INFINICP_DETERMINISTIC");
+    if (env && !strcmp(env, "1"))
+        c.deterministic = 1;
 
     const cp_backend_ops *ops;
     CPI_TRY(cpi_backend_for(c.device, &ops));
@@ -45,7 +54,15 @@ CP_EXPORT cp_status cp_context_create(const cp_context_config *cfg, cp_context *
         free(ctx);
         return s;
     }
+    /* A backend without the slot is deterministic always. */
+    if (CP_BACKEND_HAS(ops, set_deterministic) &&
+        (s = ops->set_deterministic(ctx->state, c.deterministic)) != CP_SUCCESS) {
+        ops->close(ctx->state);
+        free(ctx);
+        return s;
+    }
     ctx->num_threads = c.num_threads;
+    ctx->deterministic = c.deterministic;
     *out = ctx;
     return CP_SUCCESS;
 }

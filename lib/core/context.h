@@ -8,6 +8,7 @@ struct cp_context {
     cp_device device;
     int device_index;
     int num_threads;
+    int deterministic; /* as the backend was told (config or INFINICP_DETERMINISTIC=1) */
     void *stream;
     const cp_backend_ops *ops; /* never NULL */
     void *state;               /* the backend's */
