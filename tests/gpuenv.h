@@ -17,14 +17,15 @@
 static const cp_backend_ops *gpu_ops;
 
 /* Load the module and open device 0 with the attention path forced to
- * `path` (NULL = automatic; "mma-mt1" = the mma path with one row tile per
- * warp in the forward). Returns NULL, having printed why, when there is no
- * module, driver or GPU. */
+ * `path` (NULL = automatic; "mma" = mma.sync also where the Hopper forward
+ * would run; "mma-mt1" = that with one row tile per warp in the forward;
+ * "wgmma" = the Hopper forward where it fits). Returns NULL, having printed
+ * why, when there is no module, driver or GPU. */
 static inline void *gpu_open(const char *path)
 {
     if (path && !strcmp(path, "mma-mt1")) {
         setenv("INFINICP_CUDA_FWD_MT", "1", 1);
-        path = NULL;
+        path = "mma";
     }
     if (!gpu_ops) {
         cp_status s = cpi_backend_for(CP_DEVICE_CUDA, &gpu_ops);
