@@ -209,12 +209,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
     const int ntiles = (int)((kend + BK - 1) / BK);
     const int64_t row = i0 + wg * 64 + warp * 16 + g; // this thread's rows: row, row + 8
 
-    load_sw<T, BQ, DP>(Qs, p.q, b, i0, p.Sq, h, p.D);
     if (ntiles > 0) {
+        load_sw<T, BQ, DP>(Qs, p.q, b, i0, p.Sq, h, p.D);
         load_sw<T, BK, DP>(Ks, p.k, b, 0, p.Sk, hk, p.D);
         load_sw<T, BK, DP>(Vs, p.v, b, 0, p.Sk, hk, p.Dv);
+        cp_async_commit();
     }
-    cp_async_commit();
 
     float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
     uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
