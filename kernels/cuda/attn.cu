@@ -121,8 +121,9 @@ state *st(void *p)
     return static_cast<state *>(p);
 }
 
-// Whether the automatic choice takes the wgmma forward on Hopper.
-constexpr bool WGMMA_BY_DEFAULT = false;
+// Whether the automatic choice takes the wgmma forward on Hopper (verified
+// against FP64 on an H200: docs/GPU-TESTING.md, run 5).
+constexpr bool WGMMA_BY_DEFAULT = true;
 
 bool use_wgmma(const state *s, const attn_params &p)
 {
