@@ -124,6 +124,11 @@ __device__ __forceinline__ void reg_fence(float (&d)[NB][4])
             asm volatile("" : "+f"(d[nb][c])::"memory");
 }
 
+__device__ __forceinline__ void reg_fence(float (&d)[2])
+{
+    asm volatile("" : "+f"(d[0]), "+f"(d[1])::"memory");
+}
+
 template <int NB>
 __device__ __forceinline__ void reg_fence(uint32_t (&d)[NB][4])
 {
@@ -256,8 +261,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
         }
         reg_fence(s);
 
-        const bool masked = k0 + BK > p.Sk || (p.causal && k0 + BK - 1 > i0 + p.delta);
-        softmax_tile(s, m, l, alpha, p, masked, k0, row, tq);
+        // masked always (key limits of BK where nothing is hidden): no
+        // branch may separate the two waits, or the compiler waits for both
+        softmax_tile(s, m, l, alpha, p, true, k0, row, tq);
+        // the softmax's results are used before the wait below, so that the
+        // compiler cannot sink that arithmetic past it (the overlap with P V)
+        reg_fence(s);
+        reg_fence(l);
+        reg_fence(alpha);
         wgmma_wait<0>();
         reg_fence(o);
         scale_rows(o, alpha);

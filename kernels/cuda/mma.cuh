@@ -176,27 +176,36 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4], c
     a[3] = pack2<T>(hi[2], hi[3]);
 }
 
+// Keys [k0, k0 + lim) of a tile of bk keys that query row i sees.
+__device__ __forceinline__ int key_limit(const attn_params &p, int64_t k0, int64_t i, int bk)
+{
+    const int64_t e = visible_keys(p, i) - k0;
+    return e < 0 ? 0 : e > bk ? bk : (int)e;
+}
+
 // One online-softmax step of a 16-row tile in C layout (this thread: rows
 // row and row + 8, columns k0 + 8 nb + 2 tq + e): scores to base 2, masked
 // where `masked` says the tile reaches past the block or across the
 // diagonal, then to probabilities relative to the new running maximum m (each
 // in (0, 1]); l is rescaled and gets this tile's (per-thread) sums. alpha is
-// what the output accumulators must be multiplied by (scale_rows).
+// what the output accumulators must be multiplied by (scale_rows). The mask
+// is applied with selects only (no branch when `masked` is a constant: the
+// wgmma kernel needs straight-line code here to overlap it with a product).
 template <int NB>
 __device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              const attn_params &p, bool masked, int64_t k0, int64_t row, int tq)
 {
+    int lim[2] = {8 * NB, 8 * NB};
+    if (masked)
+        lim[0] = key_limit(p, k0, row, 8 * NB), lim[1] = key_limit(p, k0, row + 8, 8 * NB);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nb = 0; nb < NB; nb++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             float x = s[nb][c] * p.c;
-            if (masked) {
-                const int64_t j = k0 + nb * 8 + 2 * tq + (c & 1), i = row + (c >> 1) * 8;
-                if (j >= p.Sk || (p.causal && j > i + p.delta))
-                    x = -INFINITY;
-            }
+            if (masked)
+                x = nb * 8 + 2 * tq + (c & 1) < lim[c >> 1] ? x : -INFINITY;
             s[nb][c] = x;
             mx[c >> 1] = fmaxf(mx[c >> 1], x);
         }
