@@ -7,7 +7,8 @@
  * after a warm-up. Usage: bench-gpu [reps]
  * bench-gpu --csv [reps] times the shapes of bench/bench.sh instead (bf16,
  * head_dim 64 and 128, 2048 values per token, seq 1k to 32k at 16k tokens
- * per batch, causal and not) and prints one CSV line per shape:
+ * per batch, causal and not; the attention path INFINICP_CUDA_ATTN names,
+ * automatic by default) and prints one CSV line per shape:
  * impl,head_dim,seq,batch,heads,causal,fwd_tflops,bwd_tflops
  */
 #include <math.h>
