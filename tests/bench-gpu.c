@@ -7,7 +7,8 @@
  * after a warm-up. Usage: bench-gpu [reps]
  * bench-gpu --csv [reps] times the shapes of bench/bench.sh instead (bf16,
  * head_dim 64 and 128, 2048 values per token, seq 1k to 32k at 16k tokens
- * per batch, causal and not) and prints one CSV line per shape and variant:
+ * per batch, causal and not; the attention path INFINICP_CUDA_ATTN names,
+ * automatic by default) and prints one CSV line per shape and variant:
  * impl,head_dim,seq,batch,heads,causal,fwd_tflops,bwd_tflops
  * with impl "infinicp" (the default backward, dQ added with atomics) and
  * "infinicp-det" (cp_context_config.deterministic = 1).
@@ -88,7 +89,8 @@ static double time_call(void *st, int backward, cp_kernel_attn_args *a, int reps
     return t[reps / 2];
 }
 
-static int csv; /* print CSV lines instead of the readable report */
+static int csv;      /* print CSV lines instead of the readable report */
+static int fwd_only; /* time the forward alone */
 
 static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *q, void *k, void *v, void *o,
                 void *dout, void *dq, void *dk, void *dv, float *lse, int reps)
@@ -111,7 +113,7 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     a.workspace = ws;
     a.workspace_bytes = wf > wb ? wf : wb;
     double flops = 4.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * sh->D * (sh->causal ? 0.5 : 1.0);
-    double tf = time_call(st, 0, &a, reps), tb = time_call(st, 1, &a, reps);
+    double tf = time_call(st, 0, &a, reps), tb = fwd_only ? INFINITY : time_call(st, 1, &a, reps);
     if (csv) {
         printf("%s,%d,%lld,%d,%d,%d,%.2f,%.2f\n",
                !strcmp(path, "mma-det") ? "infinicp-det" : !strcmp(path, "mma-w8") ? "infinicp-w8" : "infinicp", sh->D,
@@ -154,17 +156,22 @@ int main(int argc, char **argv)
         fprintf(stderr, "no CUDA module: %s\n", cp_last_error());
         return 1;
     }
-    void *st = open_path(NULL), *blas = open_path("cublas"), *simt = open_path("simt");
+    /* the automatic choice, or for --csv the path INFINICP_CUDA_ATTN names */
+    char want[16] = "";
+    if (csv && getenv("INFINICP_CUDA_ATTN"))
+        snprintf(want, sizeof want, "%s", getenv("INFINICP_CUDA_ATTN"));
+    void *st = open_path(want[0] ? want : NULL), *blas = open_path("cublas"), *simt = open_path("simt");
+    void *mma = open_path("mma"), *wgmma = open_path("wgmma");
     setenv("INFINICP_CUDA_BWD_WARPS", "8", 1);
-    void *w8 = open_path(NULL);
+    void *w8 = open_path(want[0] ? want : NULL);
     unsetenv("INFINICP_CUDA_BWD_WARPS");
-    void *det = open_path(NULL);
+    void *det = open_path(want[0] ? want : NULL);
     if (!CP_BACKEND_HAS(ops, set_deterministic) || ops->set_deterministic(det, 1) != CP_SUCCESS) {
         fprintf(stderr, "set_deterministic: not available\n");
         return 1;
     }
     setenv("INFINICP_CUDA_FWD_MT", "1", 1);
-    void *mt1 = open_path(NULL);
+    void *mt1 = open_path("mma");
     unsetenv("INFINICP_CUDA_FWD_MT");
     /* 16k tokens x 2048 values, every shape below; 32k for the CSV shapes */
     const size_t n = (size_t)(csv ? 32768 : 16384) * 16 * 128;
@@ -189,9 +196,16 @@ int main(int argc, char **argv)
         {1, 16, 128, 16384, 1}, {4, 32, 64, 4096, 1},  {1, 32, 64, 16384, 1}, {4, 8, 256, 4096, 1},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        run(st, "mma", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
+        run(st, "auto", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
         run(det, "mma-det", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
     }
+    /* the forward on mma.sync and on wgmma (Hopper; elsewhere mma.sync again) */
+    fwd_only = 1;
+    for (size_t i = 0; i < 7; i++) {
+        run(mma, "mma", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
+        run(wgmma, "wgmma", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
+    }
+    fwd_only = 0;
     /* the forward with one row tile per warp, for comparison */
     run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[1], q, k, v, o, dout, dq, dk, dv, lse, reps);
     run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[4], q, k, v, o, dout, dq, dk, dv, lse, reps);

@@ -18,9 +18,11 @@ static const cp_backend_ops *gpu_ops;
 
 /* Load the module and open device 0 with the attention path forced to
  * `path` (NULL = automatic, whose F16 / BF16 backward adds dQ with atomics;
- * "mma-mt1" = the mma path with one row tile per warp in the forward;
- * "mma-det" = the automatic path with the deterministic backward). Returns
- * NULL, having printed why, when there is no module, driver or GPU. */
+ * "mma" = mma.sync also where the Hopper forward would run; "mma-mt1" = that
+ * with one row tile per warp in the forward; "wgmma" = the Hopper forward
+ * where it fits; "mma-det" = the automatic path with the deterministic
+ * backward). Returns NULL, having printed why, when there is no module,
+ * driver or GPU. */
 static inline void *gpu_open(const char *path)
 {
     const int det = path && !strcmp(path, "mma-det");
@@ -28,7 +30,7 @@ static inline void *gpu_open(const char *path)
         path = NULL;
     if (path && !strcmp(path, "mma-mt1")) {
         setenv("INFINICP_CUDA_FWD_MT", "1", 1);
-        path = NULL;
+        path = "mma";
     }
     if (!gpu_ops) {
         cp_status s = cpi_backend_for(CP_DEVICE_CUDA, &gpu_ops);

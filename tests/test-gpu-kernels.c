@@ -24,11 +24,13 @@
 #include "gpuenv.h"
 #include "testutil.h"
 
-/* "auto" picks mma for F16 / BF16 (two row tiles per warp in the forward;
- * the backward adding dQ with atomics), "mma-mt1" the mma forward with one
- * row tile per warp, "mma-det" the deterministic mma backward. */
-enum { PATH_AUTO, PATH_MT1, PATH_DET, PATH_SIMT, PATH_BLAS, NPATHS };
-static const char *path_name[NPATHS] = {"auto", "mma-mt1", "mma-det", "simt", "cublas"};
+/* "auto" picks mma for F16 / BF16 (on Hopper possibly the wgmma forward; the
+ * backward adding dQ with atomics), "mma" forces mma.sync (two row tiles per
+ * warp in the forward), "mma-mt1" the mma forward with one row tile per warp,
+ * "wgmma" the Hopper forward where it fits (elsewhere it is "auto"),
+ * "mma-det" the automatic path with the deterministic backward. */
+enum { PATH_AUTO, PATH_MMA, PATH_MT1, PATH_WGMMA, PATH_DET, PATH_SIMT, PATH_BLAS, NPATHS };
+static const char *path_name[NPATHS] = {"auto", "mma", "mma-mt1", "wgmma", "mma-det", "simt", "cublas"};
 static void *states[NPATHS];
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -543,6 +545,10 @@ static const blk cases[] = {
     {"sbhd-strided", 2, 2, 2, 128, 128, 70, 70, 70, 0, 1, CP_FORMAT_SBHD, 8},
     {"unaligned-rows", 1, 2, 1, 64, 64, 40, 50, 0, 0, 0, CP_FORMAT_BSHD, 1},
     {"d512", 1, 1, 1, 512, 512, 24, 40, 0, 0, 1, CP_FORMAT_BSHD, 0},
+    /* several key tiles of the wgmma forward (128 keys each): its K and V
+     * buffers rotate, a partial last tile, a diagonal behind the block start */
+    {"gqa-d128-negdelta", 1, 4, 2, 128, 128, 600, 600, 0, 40, 1, CP_FORMAT_BSHD, 0},
+    {"mqa-d64-tiles", 2, 2, 1, 64, 64, 140, 700, 0, 0, 0, CP_FORMAT_BSHD, 0},
 };
 static const cp_dtype dtypes[] = {CP_DTYPE_F32, CP_DTYPE_F16, CP_DTYPE_BF16};
 static const char *dtype_name[] = {"f32", "f16", "bf16"};

@@ -3,15 +3,18 @@
 // paths, size and provide the workspace.
 //
 // Paths, in the order they are preferred:
-//  - mma (attn_mma.cu): fused flash-style kernels on tensor cores (mma.sync
-//    m16n8k16, fp32 accumulation) for F16 / BF16 with head dims up to 256
-//    (64, 128, 256 natively; others are zero-padded to the next of these);
+//  - mma (attn_mma_fwd.cu, attn_mma_bwd.cu): fused flash-style kernels on
+//    tensor cores (mma.sync m16n8k16, fp32 accumulation) for F16 / BF16 with
+//    head dims up to 256 (64, 128, 256 natively; others are zero-padded to
+//    the next of these); on Hopper (cc 9.0) the forward runs on wgmma instead
+//    (attn_wgmma_fwd.cu) where that kernel fits;
 //  - simt (attn_simt.cu): fused kernels in plain fp32 arithmetic, for F32
 //    (exact: no TF32, accurate exponentials) and any head dim whose tiles fit
 //    in shared memory;
 //  - cublas (attn_blas.cu): GEMM + softmax + GEMM over chunks of query rows,
 //    bounded memory; the fallback, and an independent reference for tests.
-// INFINICP_CUDA_ATTN=mma|simt|cublas forces a path where it applies;
+// INFINICP_CUDA_ATTN=mma|simt|cublas forces a path where it applies (mma:
+// mma.sync also on Hopper), =wgmma the Hopper forward where it fits;
 // INFINICP_CUDA_FWD_MT=1 makes the mma forward use one row tile per warp
 // (tuning; both variants are measured by tests/bench-gpu.c).
 //
@@ -118,6 +121,15 @@ namespace {
 state *st(void *p)
 {
     return static_cast<state *>(p);
+}
+
+// Whether the automatic choice takes the wgmma forward on Hopper (verified
+// against FP64 on an H200: docs/GPU-TESTING.md, run 5).
+constexpr bool WGMMA_BY_DEFAULT = true;
+
+bool use_wgmma(const state *s, const attn_params &p)
+{
+    return (s->path == PATH_WGMMA || (s->path == PATH_AUTO && WGMMA_BY_DEFAULT)) && wgmma_fits(s, p);
 }
 
 attn_path choose(const state *s, const attn_params &p, int backward)
@@ -230,7 +242,7 @@ cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
     if (path == PATH_AUTO)
         return unsupported(p, func);
     if (path == PATH_MMA)
-        return mma_forward(s, p);
+        return use_wgmma(s, p) ? wgmma_forward(s, p) : mma_forward(s, p);
     if (path == PATH_SIMT)
         return simt_forward(s, p);
     size_t need;

@@ -86,41 +86,9 @@ __global__ void __launch_bounds__(128) fwd_mma_kernel(attn_params p)
         const bool masked = k0 + BK > p.Sk || (p.causal && k0 + BK - 1 > i0 + p.delta);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int nb = 0; nb < BK / 8; nb++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    float x = s[mt][nb][c] * p.c;
-                    if (masked) {
-                        const int64_t j = k0 + nb * 8 + 2 * tq + (c & 1), i = row0 + mt * 16 + (c >> 1) * 8;
-                        if (j >= p.Sk || (p.causal && j > i + p.delta))
-                            x = -INFINITY;
-                    }
-                    s[mt][nb][c] = x;
-                    mx[c >> 1] = fmaxf(mx[c >> 1], x);
-                }
-            float mu[2], alpha[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float mnew = fmaxf(m[mt][r], quad_max(mx[r]));
-                mu[r] = mnew == -INFINITY ? 0.0f : mnew; // no key seen yet: 2^(-inf - 0) = 0
-                alpha[r] = exp2_fast(m[mt][r] - mu[r]);
-                m[mt][r] = mnew;
-                l[mt][r] *= alpha[r];
-            }
-#pragma unroll
-            for (int nb = 0; nb < BK / 8; nb++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    s[mt][nb][c] = exp2_fast(s[mt][nb][c] - mu[c >> 1]);
-                    l[mt][c >> 1] += s[mt][nb][c];
-                }
-#pragma unroll
-            for (int nb = 0; nb < DP / 8; nb++)
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    acc[mt][nb][c] *= alpha[c >> 1];
+            float alpha[2];
+            softmax_tile(s[mt], m[mt], l[mt], alpha, p, masked, k0, row0 + mt * 16, tq);
+            scale_rows(acc[mt], alpha);
         }
 
         cp_async_wait_all();
@@ -149,45 +117,9 @@ __global__ void __launch_bounds__(128) fwd_mma_kernel(attn_params p)
     }
 
     // normalise and write, or merge into the running (o, lse)
-    float old[MT][2], old_lo[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int64_t i = row0 + mt * 16 + r * 8;
-            const bool rd = p.accumulate && i < p.Sq;
-            old[mt][r] = rd ? p.lse[b * p.lsb + h * p.lsh + i] : 0.0f;
-            old_lo[mt][r] = rd ? lse_lo_at(p, b * p.lsb + h * p.lsh + i) : 0.0f;
-        }
-    __syncwarp(); // the quad has read the running LSE before lane tq = 0 writes it
-    void *op = const_cast<void *>(p.o.p);
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int64_t i = row0 + mt * 16 + r * 8;
-            const float lt = quad_sum(l[mt][r]);
-            if (i >= p.Sq)
-                continue;
-            const double lse_blk = lt > 0.0f ? ((double)m[mt][r] + log2((double)lt)) * LN2 : -INFINITY;
-            const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-            const int64_t li = b * p.lsb + h * p.lsh + i;
-            const int64_t o = at(p.o, b, i, h);
-            float w1 = 0.0f, w2 = 1.0f;
-            double merged = lse_blk;
-            if (p.accumulate && !merge_weights(old[mt][r], old_lo[mt][r], lse_blk, &w1, &w2, &merged))
-                continue;
-#pragma unroll
-            for (int nb = 0; nb < DP / 8; nb++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int d = nb * 8 + 2 * tq + e;
-                    if (d < p.Dv)
-                        store_merged(op, p.odt, o + d, acc[mt][nb][2 * r + e] * inv, w1, w2);
-                }
-            if (tq == 0)
-                store_lse(p, li, merged);
-        }
+        store_rows(p, acc[mt], m[mt], l[mt], row0 + mt * 16, b, h, tq);
 }
 
 template <typename T, int DP, int MT>

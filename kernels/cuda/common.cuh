@@ -33,7 +33,9 @@ cp_status check_launch(const char *what);
 constexpr int MAX_STREAMS = 8;
 
 // Attention path, forced by INFINICP_CUDA_ATTN (read when a context opens).
-enum attn_path { PATH_AUTO = 0, PATH_MMA = 1, PATH_SIMT = 2, PATH_BLAS = 3 };
+// PATH_WGMMA is the mma path with the Hopper forward kernel where it fits
+// (what PATH_AUTO picks when WGMMA_BY_DEFAULT); PATH_MMA keeps mma.sync.
+enum attn_path { PATH_AUTO = 0, PATH_MMA = 1, PATH_SIMT = 2, PATH_BLAS = 3, PATH_WGMMA = 4 };
 
 struct state {
     int device;
@@ -221,6 +223,10 @@ cp_status mma_backward(state *s, const attn_params &p, void *ws);
 // Scratch the mma backward needs beyond drow: the fp32 dQ sums of the atomic
 // variant when the grads are not F32 (0 for the deterministic one).
 size_t mma_bwd_workspace(const state *s, const attn_params &p);
+// The Hopper (sm_90a, wgmma) forward: for F16 / BF16, padded head dims 64 and
+// 128, aligned rows, on a cc 9.0 device of a build with sm_90a code.
+bool wgmma_fits(const state *s, const attn_params &p);
+cp_status wgmma_forward(state *s, const attn_params &p);
 bool blas_fits(const attn_params &p, int backward);
 size_t blas_workspace(const attn_params &p, int backward);
 cp_status blas_forward(state *s, const attn_params &p, void *ws);

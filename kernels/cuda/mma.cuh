@@ -176,6 +176,111 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4], c
     a[3] = pack2<T>(hi[2], hi[3]);
 }
 
+// Keys [k0, k0 + lim) of a tile of bk keys that query row i sees.
+__device__ __forceinline__ int key_limit(const attn_params &p, int64_t k0, int64_t i, int bk)
+{
+    const int64_t e = visible_keys(p, i) - k0;
+    return e < 0 ? 0 : e > bk ? bk : (int)e;
+}
+
+// One online-softmax step of a 16-row tile in C layout (this thread: rows
+// row and row + 8, columns k0 + 8 nb + 2 tq + e): scores to base 2, masked
+// where `masked` says the tile reaches past the block or across the
+// diagonal, then to probabilities relative to the new running maximum m (each
+// in (0, 1]); l is rescaled and gets this tile's (per-thread) sums. alpha is
+// what the output accumulators must be multiplied by (scale_rows). The mask
+// is applied with selects only (no branch when `masked` is a constant: the
+// wgmma kernel needs straight-line code here to overlap it with a product).
+template <int NB>
+__device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             const attn_params &p, bool masked, int64_t k0, int64_t row, int tq)
+{
+    int lim[2] = {8 * NB, 8 * NB};
+    if (masked)
+        lim[0] = key_limit(p, k0, row, 8 * NB), lim[1] = key_limit(p, k0, row + 8, 8 * NB);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            float x = s[nb][c] * p.c;
+            if (masked)
+                x = nb * 8 + 2 * tq + (c & 1) < lim[c >> 1] ? x : -INFINITY;
+            s[nb][c] = x;
+            mx[c >> 1] = fmaxf(mx[c >> 1], x);
+        }
+    float mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float mnew = fmaxf(m[r], quad_max(mx[r]));
+        mu[r] = mnew == -INFINITY ? 0.0f : mnew; // no key seen yet: 2^(-inf - 0) = 0
+        alpha[r] = exp2_fast(m[r] - mu[r]);
+        m[r] = mnew;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            s[nb][c] = exp2_fast(s[nb][c] - mu[c >> 1]);
+            l[c >> 1] += s[nb][c];
+        }
+}
+
+template <int NB>
+__device__ __forceinline__ void scale_rows(float (&acc)[NB][4], const float (&alpha)[2])
+{
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            acc[nb][c] *= alpha[c >> 1];
+}
+
+// The forward epilogue of a 16-row tile in C layout (rows row, row + 8 of
+// batch b, head h): normalise by the row sums and write o and the LSE, or
+// merge them into the running (o, lse). Every lane of the warp calls it.
+template <int NB>
+__device__ __forceinline__ void store_rows(const attn_params &p, const float (&acc)[NB][4], const float (&m)[2],
+                                           const float (&l)[2], int64_t row, int64_t b, int h, int tq)
+{
+    float old[2], old_lo[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t i = row + r * 8;
+        const bool rd = p.accumulate && i < p.Sq;
+        old[r] = rd ? p.lse[b * p.lsb + h * p.lsh + i] : 0.0f;
+        old_lo[r] = rd ? lse_lo_at(p, b * p.lsb + h * p.lsh + i) : 0.0f;
+    }
+    __syncwarp(); // the quad has read the running LSE before lane tq = 0 writes it
+    void *op = const_cast<void *>(p.o.p);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t i = row + r * 8;
+        const float lt = quad_sum(l[r]);
+        if (i >= p.Sq)
+            continue;
+        const double lse_blk = lt > 0.0f ? ((double)m[r] + log2((double)lt)) * LN2 : -INFINITY;
+        const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+        const int64_t li = b * p.lsb + h * p.lsh + i;
+        const int64_t o = at(p.o, b, i, h);
+        float w1 = 0.0f, w2 = 1.0f;
+        double merged = lse_blk;
+        if (p.accumulate && !merge_weights(old[r], old_lo[r], lse_blk, &w1, &w2, &merged))
+            continue;
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int d = nb * 8 + 2 * tq + e;
+                if (d < p.Dv)
+                    store_merged(op, p.odt, o + d, acc[nb][2 * r + e] * inv, w1, w2);
+            }
+        if (tq == 0)
+            store_lse(p, li, merged);
+    }
+}
+
 // Padded head dim the kernels are compiled for: 64, 128 or 256 (0 = none).
 inline int padded_dim(int D, int Dv)
 {

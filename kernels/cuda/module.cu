@@ -72,6 +72,8 @@ attn_path path_from_env()
         return PATH_AUTO;
     if (!strcmp(v, "mma"))
         return PATH_MMA;
+    if (!strcmp(v, "wgmma"))
+        return PATH_WGMMA;
     if (!strcmp(v, "simt"))
         return PATH_SIMT;
     if (!strcmp(v, "cublas"))
