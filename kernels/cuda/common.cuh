@@ -218,8 +218,9 @@ cp_status simt_forward(state *s, const attn_params &p);
 cp_status simt_backward(state *s, const attn_params &p);
 bool mma_fits(const state *s, const attn_params &p, int backward);
 cp_status mma_forward(state *s, const attn_params &p);
-// ws: mma_bwd_workspace(s, p) bytes (or none when that is 0).
-cp_status mma_backward(state *s, const attn_params &p, void *ws);
+// ws: mma_bwd_workspace(s, p) bytes (or none when that is 0). wgmma: the
+// atomic variant's kernel is the Hopper one (wgmma_bwd_fits must hold).
+cp_status mma_backward(state *s, const attn_params &p, void *ws, bool wgmma);
 // Scratch the mma backward needs beyond drow: the fp32 dQ sums of the atomic
 // variant when the grads are not F32 (0 for the deterministic one).
 size_t mma_bwd_workspace(const state *s, const attn_params &p);
@@ -227,6 +228,11 @@ size_t mma_bwd_workspace(const state *s, const attn_params &p);
 // 128, aligned rows, on a cc 9.0 device of a build with sm_90a code.
 bool wgmma_fits(const state *s, const attn_params &p);
 cp_status wgmma_forward(state *s, const attn_params &p);
+// The Hopper backward with atomic dQ (deterministic = 0), same conditions;
+// wgmma_backward_atomic is the kernel alone, p.dqa set up and cleared by
+// mma_backward.
+bool wgmma_bwd_fits(const state *s, const attn_params &p);
+cp_status wgmma_backward_atomic(state *s, const attn_params &p);
 bool blas_fits(const attn_params &p, int backward);
 size_t blas_workspace(const attn_params &p, int backward);
 cp_status blas_forward(state *s, const attn_params &p, void *ws);
