@@ -135,7 +135,7 @@ bool use_wgmma(const state *s, const attn_params &p)
 
 // The same for the backward (atomic variant only: deterministic = 1 keeps
 // the mma.sync kernels).
-constexpr bool WGMMA_BWD_BY_DEFAULT = false;
+constexpr bool WGMMA_BWD_BY_DEFAULT = true;
 
 bool use_wgmma_bwd(const state *s, const attn_params &p)
 {
