@@ -33,8 +33,9 @@ cp_status check_launch(const char *what);
 constexpr int MAX_STREAMS = 8;
 
 // Attention path, forced by INFINICP_CUDA_ATTN (read when a context opens).
-// PATH_WGMMA is the mma path with the Hopper forward kernel where it fits
-// (what PATH_AUTO picks when WGMMA_BY_DEFAULT); PATH_MMA keeps mma.sync.
+// PATH_WGMMA is the mma path with the Hopper forward and backward kernels
+// where they fit (what PATH_AUTO picks when WGMMA_BY_DEFAULT /
+// WGMMA_BWD_BY_DEFAULT); PATH_MMA keeps mma.sync.
 enum attn_path { PATH_AUTO = 0, PATH_MMA = 1, PATH_SIMT = 2, PATH_BLAS = 3, PATH_WGMMA = 4 };
 
 struct state {
