@@ -116,7 +116,11 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     double tf = time_call(st, 0, &a, reps), tb = fwd_only ? INFINITY : time_call(st, 1, &a, reps);
     if (csv) {
         printf("%s,%d,%lld,%d,%d,%d,%.2f,%.2f\n",
-               !strcmp(path, "mma-det") ? "infinicp-det" : !strcmp(path, "mma-w8") ? "infinicp-w8" : "infinicp", sh->D,
+               !strcmp(path, "mma-det")    ? "infinicp-det"
+               : !strcmp(path, "mma-w8")   ? "infinicp-w8"
+               : !strcmp(path, "mma-sync") ? "infinicp-mma"
+                                           : "infinicp",
+               sh->D,
                (long long)sh->S, sh->B, sh->H, sh->causal, flops / tf * 1e-12, 2.5 * flops / tb * 1e-12);
         fflush(stdout);
         ops->free(st, ws);
@@ -186,6 +190,8 @@ int main(int argc, char **argv)
                     const shape sh = { S < 16384 ? (int)(16384 / S) : 1, 2048 / D, D, S, causal };
                     run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                     run(det, "mma-det", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
+                    if (getenv("BENCH_MMA")) /* comparison: mma.sync kernels also on Hopper */
+                        run(mma, "mma-sync", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                     if (getenv("BENCH_W8")) /* tuning: the atomic backward with 8-warp blocks */
                         run(w8, "mma-w8", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                 }

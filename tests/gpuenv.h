@@ -20,7 +20,7 @@ static const cp_backend_ops *gpu_ops;
  * `path` (NULL = automatic, whose F16 / BF16 backward adds dQ with atomics;
  * "mma" = mma.sync also where the Hopper forward would run; "mma-mt1" = that
  * with one row tile per warp in the forward; "wgmma" = the Hopper forward
- * where it fits; "mma-det" = the automatic path with the deterministic
+ * and backward where they fit; "mma-det" = the automatic path with the deterministic
  * backward). Returns NULL, having printed why, when there is no module,
  * driver or GPU. */
 static inline void *gpu_open(const char *path)

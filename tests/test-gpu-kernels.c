@@ -27,7 +27,8 @@
 /* "auto" picks mma for F16 / BF16 (on Hopper possibly the wgmma forward; the
  * backward adding dQ with atomics), "mma" forces mma.sync (two row tiles per
  * warp in the forward), "mma-mt1" the mma forward with one row tile per warp,
- * "wgmma" the Hopper forward where it fits (elsewhere it is "auto"),
+ * "wgmma" the Hopper forward and backward where they fit (elsewhere it is
+ * "auto"),
  * "mma-det" the automatic path with the deterministic backward. */
 enum { PATH_AUTO, PATH_MMA, PATH_MT1, PATH_WGMMA, PATH_DET, PATH_SIMT, PATH_BLAS, NPATHS };
 static const char *path_name[NPATHS] = {"auto", "mma", "mma-mt1", "wgmma", "mma-det", "simt", "cublas"};

@@ -6,15 +6,16 @@
 //  - mma (attn_mma_fwd.cu, attn_mma_bwd.cu): fused flash-style kernels on
 //    tensor cores (mma.sync m16n8k16, fp32 accumulation) for F16 / BF16 with
 //    head dims up to 256 (64, 128, 256 natively; others are zero-padded to
-//    the next of these); on Hopper (cc 9.0) the forward runs on wgmma instead
-//    (attn_wgmma_fwd.cu) where that kernel fits;
+//    the next of these); on Hopper (cc 9.0) the forward and the atomic
+//    backward run on wgmma instead (attn_wgmma_fwd.cu, attn_wgmma_bwd.cu)
+//    where those kernels fit;
 //  - simt (attn_simt.cu): fused kernels in plain fp32 arithmetic, for F32
 //    (exact: no TF32, accurate exponentials) and any head dim whose tiles fit
 //    in shared memory;
 //  - cublas (attn_blas.cu): GEMM + softmax + GEMM over chunks of query rows,
 //    bounded memory; the fallback, and an independent reference for tests.
 // INFINICP_CUDA_ATTN=mma|simt|cublas forces a path where it applies (mma:
-// mma.sync also on Hopper), =wgmma the Hopper forward where it fits;
+// mma.sync also on Hopper), =wgmma the Hopper kernels where they fit;
 // INFINICP_CUDA_FWD_MT=1 makes the mma forward use one row tile per warp
 // (tuning; both variants are measured by tests/bench-gpu.c).
 //
@@ -130,6 +131,16 @@ constexpr bool WGMMA_BY_DEFAULT = true;
 bool use_wgmma(const state *s, const attn_params &p)
 {
     return (s->path == PATH_WGMMA || (s->path == PATH_AUTO && WGMMA_BY_DEFAULT)) && wgmma_fits(s, p);
+}
+
+// The same for the backward (atomic variant only: deterministic = 1 keeps
+// the mma.sync kernels; verified against FP64 on an H200: docs/GPU-TESTING.md,
+// run "wgbwd").
+constexpr bool WGMMA_BWD_BY_DEFAULT = true;
+
+bool use_wgmma_bwd(const state *s, const attn_params &p)
+{
+    return (s->path == PATH_WGMMA || (s->path == PATH_AUTO && WGMMA_BWD_BY_DEFAULT)) && wgmma_bwd_fits(s, p);
 }
 
 attn_path choose(const state *s, const attn_params &p, int backward)
@@ -273,7 +284,7 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     r = launch_drow(s, p);
     if (r == CP_SUCCESS) {
         if (path == PATH_MMA)
-            r = mma_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p));
+            r = mma_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p), use_wgmma_bwd(s, p));
         else if (path == PATH_SIMT)
             r = simt_backward(s, p);
         else

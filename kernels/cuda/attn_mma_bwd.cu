@@ -7,7 +7,9 @@
 //  - atomic (the default): the dK/dV kernel alone, which also multiplies the
 //    dS tile it has by its K tile and adds dQ += dS K into fp32 sums with
 //    vector reductions (red.global.add.v4.f32 on sm_90). The order of those
-//    additions varies, so dq's last bits vary from run to run.
+//    additions varies, so dq's last bits vary from run to run. On Hopper
+//    its kernel is the wgmma one of attn_wgmma_bwd.cu where that fits (the
+//    set-up and the conversion of the dQ sums here stay the same).
 //
 // dK/dV kernel: a block of 4 warps owns 64 key rows of one kv head (16 per
 // warp) and walks over every query head of its GQA group and every query
@@ -49,20 +51,6 @@ __device__ __forceinline__ void load_a_km(uint32_t (&a)[4], const T *tile, int m
     ldsm_x4_t(a, tile + (k0 + (lane >> 4) * 8 + (lane & 7)) * PITCH + m0 + ((lane >> 3) & 1) * 8);
 }
 
-// row[0..3] += v: one 16-byte reduction on sm_90, four atomics before.
-__device__ __forceinline__ void red_add4(float *row, float a, float b, float c, float d)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row), "f"(a), "f"(b), "f"(c), "f"(d)
-                 : "memory");
-#else
-    atomicAdd(row, a);
-    atomicAdd(row + 1, b);
-    atomicAdd(row + 2, c);
-    atomicAdd(row + 3, d);
-#endif
-}
-
 // dQ rows [i0 + 16 wm, +16) x columns [col0, col0 + NC) of query head h from
 // dS (in dSs, [key][query]) and the K tile: dq += dS K, added into p.dqa.
 template <typename T, int DP, int BK, int NC>
@@ -87,44 +75,7 @@ __device__ __forceinline__ void add_dq(const attn_params &p, const T *dSs, const
             mma16816<T>(acc[2 * nb2 + 1], a, bb[2], bb[3]);
         }
     }
-    float *dq = static_cast<float *>(const_cast<void *>(p.dqa.p));
-    const int64_t r0 = i0 + wm * 16 + g;
-    if (p.dqa_vec) {
-        // Lanes 2t and 2t+1 swap halves so that each holds four consecutive
-        // columns of one row: the even lane row g, the odd one row g + 8.
-        const bool odd = tq & 1;
-        const int64_t i = r0 + (odd ? 8 : 0);
-        const bool row_ok = i < p.Sq;
-        float *row = dq + (row_ok ? at(p.dqa, b, i, h) : 0);
-#pragma unroll
-        for (int nb = 0; nb < NC / 8; nb++) {
-            const float s0 = odd ? acc[nb][0] : acc[nb][2], s1 = odd ? acc[nb][1] : acc[nb][3];
-            const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1), x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-            const int d = col0 + nb * 8 + (tq & 2) * 2;
-            if (row_ok && d < p.dqa_cols) {
-                if (odd)
-                    red_add4(row + d, x0, x1, acc[nb][2], acc[nb][3]);
-                else
-                    red_add4(row + d, acc[nb][0], acc[nb][1], x0, x1);
-            }
-        }
-        return;
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t i = r0 + r * 8;
-        if (i >= p.Sq)
-            continue;
-        float *row = dq + at(p.dqa, b, i, h);
-#pragma unroll
-        for (int nb = 0; nb < NC / 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int d = col0 + nb * 8 + 2 * tq + e;
-                if (d < p.dqa_cols)
-                    atomicAdd(row + d, acc[nb][2 * r + e]);
-            }
-    }
+    add_dq_rows(p, acc, b, h, i0 + wm * 16 + g, col0, tq);
 }
 
 template <typename T, int DP, bool ATOMIC, int NW>
@@ -238,24 +189,7 @@ __global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
     }
     if (p.grad_accumulate && i_first >= p.Sq)
         return; // no query sees these keys: nothing to add
-    void *dk = const_cast<void *>(p.dk.p), *dv = const_cast<void *>(p.dv.p);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t j = jrow0 + r * 8;
-        if (j >= p.Sk)
-            continue;
-        const int64_t ok = at(p.dk, b, j, hk), ov = at(p.dv, b, j, hk);
-#pragma unroll
-        for (int nb = 0; nb < DC / 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int d = c0 + nb * 8 + 2 * tq + e;
-                if (d < p.D)
-                    store_grad(dk, p.gdt, ok + d, adk[nb][2 * r + e], p.grad_accumulate);
-                if (d < p.Dv)
-                    store_grad(dv, p.gdt, ov + d, adv[nb][2 * r + e], p.grad_accumulate);
-            }
-    }
+    store_dkdv_rows(p, adk, adv, b, hk, jrow0, c0, tq);
 }
 
 template <typename T, int DP>
@@ -435,7 +369,7 @@ cp_status launch_dkdv(state *s, const attn_params &p)
 }
 
 template <typename T, int DP>
-cp_status launch_bwd(state *s, const attn_params &p0, void *ws)
+cp_status launch_bwd(state *s, const attn_params &p0, void *ws, bool wgmma)
 {
     cp_status r;
     if (use_atomic(s, p0)) {
@@ -458,7 +392,10 @@ cp_status launch_bwd(state *s, const attn_params &p0, void *ws)
             if (e != cudaSuccess)
                 return cuda_fail("cudaMemsetAsync", e);
         }
-        r = atomic_warps(s, p) == 8 && DP <= 128 ? launch_dkdv<T, DP, true, DP <= 128 ? 8 : 4>(s, p)
+        if (wgmma)
+            r = wgmma_backward_atomic(s, p);
+        else
+            r = atomic_warps(s, p) == 8 && DP <= 128 ? launch_dkdv<T, DP, true, DP <= 128 ? 8 : 4>(s, p)
                                                  : launch_dkdv<T, DP, true, 4>(s, p);
         if (r != CP_SUCCESS)
             return r;
@@ -476,12 +413,12 @@ cp_status launch_bwd(state *s, const attn_params &p0, void *ws)
 }
 
 template <typename T>
-cp_status backward_t(state *s, const attn_params &p, void *ws)
+cp_status backward_t(state *s, const attn_params &p, void *ws, bool wgmma)
 {
     switch (padded_dim(p.D, p.Dv)) {
-    case 64: return launch_bwd<T, 64>(s, p, ws);
-    case 128: return launch_bwd<T, 128>(s, p, ws);
-    default: return launch_bwd<T, 256>(s, p, ws);
+    case 64: return launch_bwd<T, 64>(s, p, ws, wgmma);
+    case 128: return launch_bwd<T, 128>(s, p, ws, wgmma);
+    default: return launch_bwd<T, 256>(s, p, ws, wgmma);
     }
 }
 
@@ -494,9 +431,10 @@ size_t mma_bwd_workspace(const state *s, const attn_params &p)
     return (size_t)p.B * (size_t)p.Sq * (size_t)p.H * (size_t)sums_cols(p) * sizeof(float);
 }
 
-cp_status mma_backward(state *s, const attn_params &p, void *ws)
+cp_status mma_backward(state *s, const attn_params &p, void *ws, bool wgmma)
 {
-    return p.dt == CP_DTYPE_BF16 ? backward_t<__nv_bfloat16>(s, p, ws) : backward_t<__half>(s, p, ws);
+    return p.dt == CP_DTYPE_BF16 ? backward_t<__nv_bfloat16>(s, p, ws, wgmma)
+                                 : backward_t<__half>(s, p, ws, wgmma);
 }
 
 } // namespace cu

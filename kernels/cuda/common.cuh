@@ -33,8 +33,9 @@ cp_status check_launch(const char *what);
 constexpr int MAX_STREAMS = 8;
 
 // Attention path, forced by INFINICP_CUDA_ATTN (read when a context opens).
-// PATH_WGMMA is the mma path with the Hopper forward kernel where it fits
-// (what PATH_AUTO picks when WGMMA_BY_DEFAULT); PATH_MMA keeps mma.sync.
+// PATH_WGMMA is the mma path with the Hopper forward and backward kernels
+// where they fit (what PATH_AUTO picks when WGMMA_BY_DEFAULT /
+// WGMMA_BWD_BY_DEFAULT); PATH_MMA keeps mma.sync.
 enum attn_path { PATH_AUTO = 0, PATH_MMA = 1, PATH_SIMT = 2, PATH_BLAS = 3, PATH_WGMMA = 4 };
 
 struct state {
@@ -218,8 +219,9 @@ cp_status simt_forward(state *s, const attn_params &p);
 cp_status simt_backward(state *s, const attn_params &p);
 bool mma_fits(const state *s, const attn_params &p, int backward);
 cp_status mma_forward(state *s, const attn_params &p);
-// ws: mma_bwd_workspace(s, p) bytes (or none when that is 0).
-cp_status mma_backward(state *s, const attn_params &p, void *ws);
+// ws: mma_bwd_workspace(s, p) bytes (or none when that is 0). wgmma: the
+// atomic variant's kernel is the Hopper one (wgmma_bwd_fits must hold).
+cp_status mma_backward(state *s, const attn_params &p, void *ws, bool wgmma);
 // Scratch the mma backward needs beyond drow: the fp32 dQ sums of the atomic
 // variant when the grads are not F32 (0 for the deterministic one).
 size_t mma_bwd_workspace(const state *s, const attn_params &p);
@@ -227,6 +229,11 @@ size_t mma_bwd_workspace(const state *s, const attn_params &p);
 // 128, aligned rows, on a cc 9.0 device of a build with sm_90a code.
 bool wgmma_fits(const state *s, const attn_params &p);
 cp_status wgmma_forward(state *s, const attn_params &p);
+// The Hopper backward with atomic dQ (deterministic = 0), same conditions;
+// wgmma_backward_atomic is the kernel alone, p.dqa set up and cleared by
+// mma_backward.
+bool wgmma_bwd_fits(const state *s, const attn_params &p);
+cp_status wgmma_backward_atomic(state *s, const attn_params &p);
 bool blas_fits(const attn_params &p, int backward);
 size_t blas_workspace(const attn_params &p, int backward);
 cp_status blas_forward(state *s, const attn_params &p, void *ws);

@@ -281,6 +281,94 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
     }
 }
 
+// row[0..3] += v: one 16-byte reduction on sm_90, four atomics before.
+__device__ __forceinline__ void red_add4(float *row, float a, float b, float c, float d)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+#else
+    atomicAdd(row, a);
+    atomicAdd(row + 1, b);
+    atomicAdd(row + 2, c);
+    atomicAdd(row + 3, d);
+#endif
+}
+
+// Backward with atomics: add a 16-row dQ piece in C layout (this thread:
+// query rows r0, r0 + 8 of batch b, head h; columns col0 + 8 nb + 2 tq + e)
+// into the fp32 sums p.dqa. Every lane of the warp calls it.
+template <int NB>
+__device__ __forceinline__ void add_dq_rows(const attn_params &p, const float (&acc)[NB][4], int64_t b, int h,
+                                            int64_t r0, int col0, int tq)
+{
+    float *dq = static_cast<float *>(const_cast<void *>(p.dqa.p));
+    if (p.dqa_vec) {
+        // Lanes 2t and 2t+1 swap halves so that each holds four consecutive
+        // columns of one row: the even lane row g, the odd one row g + 8.
+        const bool odd = tq & 1;
+        const int64_t i = r0 + (odd ? 8 : 0);
+        const bool row_ok = i < p.Sq;
+        float *row = dq + (row_ok ? at(p.dqa, b, i, h) : 0);
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            const float s0 = odd ? acc[nb][0] : acc[nb][2], s1 = odd ? acc[nb][1] : acc[nb][3];
+            const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1), x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const int d = col0 + nb * 8 + (tq & 2) * 2;
+            if (row_ok && d < p.dqa_cols) {
+                if (odd)
+                    red_add4(row + d, x0, x1, acc[nb][2], acc[nb][3]);
+                else
+                    red_add4(row + d, acc[nb][0], acc[nb][1], x0, x1);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t i = r0 + r * 8;
+        if (i >= p.Sq)
+            continue;
+        float *row = dq + at(p.dqa, b, i, h);
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int d = col0 + nb * 8 + 2 * tq + e;
+                if (d < p.dqa_cols)
+                    atomicAdd(row + d, acc[nb][2 * r + e]);
+            }
+    }
+}
+
+// The dK / dV epilogue of a 16-key piece in C layout (this thread: key rows
+// j0, j0 + 8 of batch b, kv head hk; columns c0 + 8 nb + 2 tq + e): store
+// into p.dk, p.dv, or add with grad_accumulate.
+template <int NB>
+__device__ __forceinline__ void store_dkdv_rows(const attn_params &p, const float (&adk)[NB][4],
+                                                const float (&adv)[NB][4], int64_t b, int hk, int64_t j0, int c0,
+                                                int tq)
+{
+    void *dk = const_cast<void *>(p.dk.p), *dv = const_cast<void *>(p.dv.p);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t j = j0 + r * 8;
+        if (j >= p.Sk)
+            continue;
+        const int64_t ok = at(p.dk, b, j, hk), ov = at(p.dv, b, j, hk);
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int d = c0 + nb * 8 + 2 * tq + e;
+                if (d < p.D)
+                    store_grad(dk, p.gdt, ok + d, adk[nb][2 * r + e], p.grad_accumulate);
+                if (d < p.Dv)
+                    store_grad(dv, p.gdt, ov + d, adv[nb][2 * r + e], p.grad_accumulate);
+            }
+    }
+}
+
 // Padded head dim the kernels are compiled for: 64, 128 or 256 (0 = none).
 inline int padded_dim(int D, int Dv)
 {

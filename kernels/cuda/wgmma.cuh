@@ -1,0 +1,263 @@
+// SPDX-License-Identifier: MIT
+// Hopper (sm_90a) building blocks of the wgmma attention kernels: the
+// warpgroup-wide asynchronous tensor-core product (wgmma.mma_async, fp32
+// accumulators, F16 / BF16 operands), its shared-memory descriptors, the
+// fences and waits around it, and tile loads into the 128-byte swizzle the
+// descriptors describe.
+//
+// Tile layout: an R-row tile of DP 16-bit columns is stored in column blocks
+// of 64 elements (128 bytes a row), block cb at cb * R * 128 bytes; inside a
+// block, 8-row x 128-byte atoms, 16-byte chunk c of row r at chunk c ^ (r & 7)
+// (tiles aligned to 1024 bytes, the period of that pattern). Such a tile is:
+//  - a K-major operand (A of M x K, B of N x K, K contiguous) where its rows
+//    are M or N: the descriptor of k16 step kk starts at block kk / 4, byte
+//    32 (kk % 4) of the row;
+//  - an MN-major ("transposed") operand where its rows are K: step kk starts
+//    16 rows (2048 bytes) further, and the descriptor's leading byte offset
+//    is the stride between 64-element column blocks (R * 128).
+// Per warp, the accumulator of m64nN is the m16n8 C layout of mma.sync (warp
+// w of the warpgroup: rows 16 w + g, 16 w + g + 8), and the register A
+// operand is mma.sync's A fragment (mma.cuh), so the fragment helpers there
+// apply.
+//
+// Everything is compiled for sm_90a only (CP_WGMMA_BODY); other targets see
+// the declarations and build empty kernels.
+#ifndef INFINICP_KERNELS_CUDA_WGMMA_CUH
+#define INFINICP_KERNELS_CUDA_WGMMA_CUH
+
+#include <type_traits>
+
+#include "mma.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CP_WGMMA_BODY 1
+#endif
+
+namespace cu {
+namespace wg {
+
+#ifdef CP_WGMMA_BODY
+
+// Byte offset of 16-byte chunk c of row r in a swizzled R-row tile.
+template <int R>
+__device__ __forceinline__ uint32_t sw_off(int r, int c)
+{
+    return (uint32_t)((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ void cp_async16_to(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async4_to(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ void zero16(uint32_t dst)
+{
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0));
+}
+
+__device__ __forceinline__ void st_shared_f32(uint32_t dst, float v)
+{
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(dst), "f"(v));
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t dst, uint32_t v)
+{
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v));
+}
+
+__device__ __forceinline__ float ld_shared_f32(uint32_t src)
+{
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(src));
+    return v;
+}
+
+// Rows [r0, r0 + R) of head h of t, columns [0, dim), into a swizzled R x DP
+// tile at dst by the NT threads of the block; rows past n and columns past
+// dim are zero (an operand multiplied by a zero probability must not be NaN).
+// Needs p.vec (16-byte aligned rows). Commit and wait are the caller's.
+template <typename T, int R, int DP, int NT>
+__device__ __forceinline__ void load_sw(uint32_t dst, const tensor &t, int64_t b, int64_t r0, int64_t n, int h,
+                                        int dim)
+{
+    constexpr int CH = DP / 8, RP = NT / CH; // chunks per row, rows per pass
+    static_assert(R % RP == 0, "whole passes");
+    const int c = threadIdx.x % CH, r1 = threadIdx.x / CH;
+    const T *src = static_cast<const T *>(t.p) + at(t, b, r0 + r1, h) + c * 8;
+    const bool col = c * 8 < dim;
+#pragma unroll
+    for (int it = 0; it < R / RP; it++) {
+        const int r = r1 + it * RP;
+        if (col && r0 + r < n)
+            cp_async16_to(dst + sw_off<R>(r, c), src + (int64_t)it * RP * t.ss);
+        else
+            zero16(dst + sw_off<R>(r, c));
+    }
+}
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand at addr:
+// lbo = byte stride between 64-element column blocks (MN-major; K-major
+// ignores it), 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo)
+{
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
+           1ull << 62;
+}
+
+__device__ __forceinline__ void fence()
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared memory written through the generic proxy (st.shared, cp.async),
+// made visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Keep the compiler from moving accesses of registers across the issue and
+// the wait of an asynchronous product (it sees the asm's outputs as final).
+template <int NB>
+__device__ __forceinline__ void reg_fence(float (&d)[NB][4])
+{
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            asm volatile("" : "+f"(d[nb][c])::"memory");
+}
+
+__device__ __forceinline__ void reg_fence(float (&d)[2])
+{
+    asm volatile("" : "+f"(d[0]), "+f"(d[1])::"memory");
+}
+
+template <int NB>
+__device__ __forceinline__ void reg_fence(uint32_t (&d)[NB][4])
+{
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            asm volatile("" : "+r"(d[nb][c])::"memory");
+}
+
+// Accumulator operand lists: NB blocks of 8 columns, 4 registers each.
+#define CP_WG_D1(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define CP_WG_D4(d, j) CP_WG_D1(d, j), CP_WG_D1(d, (j) + 1), CP_WG_D1(d, (j) + 2), CP_WG_D1(d, (j) + 3)
+#define CP_WG_D8(d) CP_WG_D4(d, 0), CP_WG_D4(d, 4)
+#define CP_WG_D16(d) CP_WG_D4(d, 0), CP_WG_D4(d, 4), CP_WG_D4(d, 8), CP_WG_D4(d, 12)
+#define CP_WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define CP_WG_R32                                                                                              \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define CP_WG_R64                                                                                              \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+// One asm statement for T = bf16 or f16 (the type is part of the opcode).
+#define CP_WG_TYPED(T, STMT)                                                                                   \
+    do {                                                                                                       \
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {                                                 \
+            STMT("bf16");                                                                                      \
+        } else {                                                                                               \
+            STMT("f16");                                                                                       \
+        }                                                                                                      \
+    } while (0)
+
+// d (64 x 8 NB) (+)= A B, one k16 step, both operands in shared memory
+// (descriptors da, db); TA / TB = 1: A / B MN-major; acc = 0 overwrites d.
+// NB = 4, 8 or 16 (N = 32, 64, 128).
+#define CP_WG_SS_BODY(TY, N, REGS, DL, IA, IB, IC, ITA, ITB)                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IC ", 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS ", " IA ", " IB          \
+                 ", p, 1, 1, " ITA ", " ITB ";\n}\n"                                                           \
+                 : DL                                                                                          \
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB))
+
+#define CP_WG_SS_ASM(TY) CP_WG_SS_BODY(TY, 32, CP_WG_R16, CP_WG_D4(d, 0), "%16", "%17", "%18", "%19", "%20")
+template <typename T, int TA, int TB>
+__device__ __forceinline__ void mma_ss(float (&d)[4][4], uint64_t da, uint64_t db, int acc)
+{
+    CP_WG_TYPED(T, CP_WG_SS_ASM);
+}
+#undef CP_WG_SS_ASM
+#define CP_WG_SS_ASM(TY) CP_WG_SS_BODY(TY, 64, CP_WG_R32, CP_WG_D8(d), "%32", "%33", "%34", "%35", "%36")
+template <typename T, int TA, int TB>
+__device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t da, uint64_t db, int acc)
+{
+    CP_WG_TYPED(T, CP_WG_SS_ASM);
+}
+#undef CP_WG_SS_ASM
+#define CP_WG_SS_ASM(TY) CP_WG_SS_BODY(TY, 128, CP_WG_R64, CP_WG_D16(d), "%64", "%65", "%66", "%67", "%68")
+template <typename T, int TA, int TB>
+__device__ __forceinline__ void mma_ss(float (&d)[16][4], uint64_t da, uint64_t db, int acc)
+{
+    CP_WG_TYPED(T, CP_WG_SS_ASM);
+}
+#undef CP_WG_SS_ASM
+
+// d (64 x 8 NB) += A B, one k16 step, A in registers (the A fragment of
+// mma.cuh, per warp its 16 rows), B MN-major in shared memory.
+#define CP_WG_RS_BODY(TY, N, REGS, DL, IA0, IA1, IA2, IA3, IB)                                                  \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS ", {" IA0 ", " IA1      \
+                 ", " IA2 ", " IA3 "}, " IB ", 1, 1, 1, 1;\n"                                                  \
+                 : DL                                                                                          \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db))
+
+#define CP_WG_RS_ASM(TY) CP_WG_RS_BODY(TY, 32, CP_WG_R16, CP_WG_D4(d, 0), "%16", "%17", "%18", "%19", "%20")
+template <typename T>
+__device__ __forceinline__ void mma_rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t db)
+{
+    CP_WG_TYPED(T, CP_WG_RS_ASM);
+}
+#undef CP_WG_RS_ASM
+#define CP_WG_RS_ASM(TY) CP_WG_RS_BODY(TY, 64, CP_WG_R32, CP_WG_D8(d), "%32", "%33", "%34", "%35", "%36")
+template <typename T>
+__device__ __forceinline__ void mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db)
+{
+    CP_WG_TYPED(T, CP_WG_RS_ASM);
+}
+#undef CP_WG_RS_ASM
+#define CP_WG_RS_ASM(TY) CP_WG_RS_BODY(TY, 128, CP_WG_R64, CP_WG_D16(d), "%64", "%65", "%66", "%67", "%68")
+template <typename T>
+__device__ __forceinline__ void mma_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db)
+{
+    CP_WG_TYPED(T, CP_WG_RS_ASM);
+}
+#undef CP_WG_RS_ASM
+#undef CP_WG_RS_BODY
+#undef CP_WG_SS_BODY
+#undef CP_WG_TYPED
+#undef CP_WG_R16
+#undef CP_WG_R32
+#undef CP_WG_R64
+#undef CP_WG_D1
+#undef CP_WG_D4
+#undef CP_WG_D8
+#undef CP_WG_D16
+
+#endif // CP_WGMMA_BODY
+
+} // namespace wg
+} // namespace cu
+
+#endif
