@@ -135,7 +135,7 @@ bool use_wgmma(const state *s, const attn_params &p)
 
 // The same for the backward (atomic variant only: deterministic = 1 keeps
 // the mma.sync kernels; verified against FP64 on an H200: docs/GPU-TESTING.md,
-// run "wgbwd").
+// run 8).
 constexpr bool WGMMA_BWD_BY_DEFAULT = true;
 
 bool use_wgmma_bwd(const state *s, const attn_params &p)
