@@ -36,9 +36,6 @@
 // (24) to the consumers (240). The first kernel (fwd_wgmma_kernel: every
 // thread loads with cp.async, one __syncthreads per tile) is kept for tensors
 // a tensor map cannot describe and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
-#include <cstdlib>
-#include <cstring>
-
 #include <cudaTypedefs.h>
 
 #include "mma.cuh"
@@ -608,22 +605,12 @@ bool make_map(CUtensorMap *map, int (&pos)[3], const tensor &t, cp_dtype dt, int
     return r == CUDA_SUCCESS;
 }
 
-// INFINICP_CUDA_WGMMA_WS=0 keeps the first kernel (tuning, comparisons).
-bool ws_enabled()
-{
-    static const bool on = [] {
-        const char *v = getenv("INFINICP_CUDA_WGMMA_WS");
-        return !(v && !strcmp(v, "0"));
-    }();
-    return on;
-}
-
 template <typename T, int DP>
 cp_status launch(state *s, const attn_params &p)
 {
     const dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
     wg_maps mp;
-    if (ws_enabled() && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
+    if (!s->wgmma_cp && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
         make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
         make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
         make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
