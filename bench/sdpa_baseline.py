@@ -10,6 +10,7 @@ impl,head_dim,seq,batch,heads,causal,fwd_tflops,bwd_tflops
 FLOPs as FlashAttention counts them: 4 B H S^2 D forward, halved when
 causal; backward 2.5x. Each time is the median of the repetitions after a
 warm-up, measured with the host clock around torch.cuda.synchronize().
+With a second argument "fwd" only the forward is timed (bwd_tflops 0).
 """
 import statistics
 import sys
@@ -43,6 +44,7 @@ def shapes():
 
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    fwd_only = len(sys.argv) > 2 and sys.argv[2] == "fwd"
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
     for d, s, b, h, causal in shapes():
         gen = torch.Generator(device="cuda").manual_seed(s + d)
@@ -62,13 +64,15 @@ def main():
                             return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
                     tf = median_time(fwd, reps)
-                    out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                    tb = float("inf")
+                    if not fwd_only:
+                        out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
-                    def bwd():
-                        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                        def bwd():
+                            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
-                    tb = median_time(bwd, reps)
-                    del out
+                        tb = median_time(bwd, reps)
+                        del out
                 print(f"{name},{d},{s},{b},{h},{causal},{flops / tf * 1e-12:.2f},{2.5 * flops / tb * 1e-12:.2f}",
                       flush=True)
             except RuntimeError as e:  # a backend that rejects the shape

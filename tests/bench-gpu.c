@@ -166,6 +166,9 @@ int main(int argc, char **argv)
         snprintf(want, sizeof want, "%s", getenv("INFINICP_CUDA_ATTN"));
     void *st = open_path(want[0] ? want : NULL), *blas = open_path("cublas"), *simt = open_path("simt");
     void *mma = open_path("mma"), *wgmma = open_path("wgmma");
+    setenv("INFINICP_CUDA_WGMMA_WS", "0", 1);
+    void *wgcp = open_path("wgmma");
+    unsetenv("INFINICP_CUDA_WGMMA_WS");
     setenv("INFINICP_CUDA_BWD_WARPS", "8", 1);
     void *w8 = open_path(want[0] ? want : NULL);
     unsetenv("INFINICP_CUDA_BWD_WARPS");
@@ -184,11 +187,14 @@ int main(int argc, char **argv)
     void *o = dev(st, n * 2), *dq = dev(st, n * 2), *dk = dev(st, n * 2), *dv = dev(st, n * 2);
     float *lse = dev(st, (size_t)32768 * 32 * 4);
     if (csv) {
+        fwd_only = getenv("BENCH_FWD_ONLY") != NULL;
         for (int D = 64; D <= 128; D *= 2)
             for (int64_t S = 1024; S <= 32768; S *= 2)
                 for (int causal = 0; causal < 2; causal++) {
                     const shape sh = { S < 16384 ? (int)(16384 / S) : 1, 2048 / D, D, S, causal };
                     run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
+                    if (fwd_only) /* BENCH_FWD_ONLY: the forward alone, bwd_tflops 0 */
+                        continue;
                     run(det, "mma-det", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                     if (getenv("BENCH_MMA")) /* comparison: mma.sync kernels also on Hopper */
                         run(mma, "mma-sync", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
@@ -205,11 +211,13 @@ int main(int argc, char **argv)
         run(st, "auto", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
         run(det, "mma-det", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
     }
-    /* the forward on mma.sync and on wgmma (Hopper; elsewhere mma.sync again) */
+    /* the forward on mma.sync and on wgmma (Hopper; elsewhere mma.sync again),
+     * there with the TMA loader and with the cp.async kernel */
     fwd_only = 1;
     for (size_t i = 0; i < 7; i++) {
         run(mma, "mma", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
         run(wgmma, "wgmma", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
+        run(wgcp, "wgmma-cp", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
     }
     fwd_only = 0;
     /* the forward with one row tile per warp, for comparison */

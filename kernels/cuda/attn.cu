@@ -18,6 +18,8 @@
 // mma.sync also on Hopper), =wgmma the Hopper kernels where they fit;
 // INFINICP_CUDA_FWD_MT=1 makes the mma forward use one row tile per warp
 // (tuning; both variants are measured by tests/bench-gpu.c).
+// INFINICP_CUDA_WGMMA_WS=0 makes the Hopper forward load with cp.async instead
+// of its TMA loader warpgroup (tuning; attn_wgmma_fwd.cu).
 //
 // Workspace: forward on the fused paths needs none; backward needs one float
 // per query row (rowsum(dO * O)); the cuBLAS path adds its chunk buffers, the

@@ -22,6 +22,22 @@
 // its softmax computed, then P V is waited for and O rescaled. The tile
 // order, the causal skipping and masking and the numerics (base-2 scores,
 // probabilities relative to the running maximum) are the mma kernel's.
+//
+// Two kernels share all of this. The warp-specialised one (the default,
+// fwd_wgmma_ws_kernel) adds a third warpgroup whose first thread only loads:
+// Q, K and V tiles come through the bulk tensor copy engine (TMA, tensor maps
+// built on the host; out-of-range rows and columns arrive as zeros), each
+// stage with a "full" mbarrier the copies complete and an "empty" one the
+// consumers arrive on when their products have read it. No block-wide
+// barrier is left in the loop, so the two consumer warpgroups can run half a
+// tile apart: named barriers make them issue their products in turn
+// (ping-pong), one warpgroup's softmax running while the other's products
+// keep the tensor cores busy. setmaxnreg moves registers from the loader
+// (24) to the consumers (240). The first kernel (fwd_wgmma_kernel: every
+// thread loads with cp.async, one __syncthreads per tile) is kept for tensors
+// a tensor map cannot describe and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
+#include <cudaTypedefs.h>
+
 #include "mma.cuh"
 
 // Only sm_90a has wgmma; every other target compiles an empty kernel that
@@ -46,6 +62,22 @@ constexpr int wgmma_smem(int DP)
 {
     return (WG_BQ + (WG_KSTAGES + WG_VSTAGES) * WG_BK) * DP * 2 + 1024;
 }
+
+// The warp-specialised kernel: a loader warpgroup and the two consumers; its
+// mbarriers (8 bytes each) follow the tiles.
+constexpr int WS_THREADS = 384;
+constexpr int wgmma_ws_smem(int DP)
+{
+    return wgmma_smem(DP) + 8 * (1 + 2 * WG_KSTAGES + 2 * WG_VSTAGES);
+}
+
+// Tensor maps of q, k and v (in this order) for the loader: dimension 0 the
+// head columns, 1..3 the rows, heads and batches ordered by stride; pos[t]
+// says which dimension holds tensor t's rows, heads and batches.
+struct wg_maps {
+    CUtensorMap m[3];
+    int pos[3][3];
+};
 
 #ifdef CP_WGMMA_BODY
 
@@ -194,6 +226,75 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NB][4], const uint32_t (&a)[
 WG_DEFINE(__nv_bfloat16, "bf16")
 WG_DEFINE(__half, "f16")
 
+// --- the warp-specialised kernel's synchronisation and copies ---
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// The loader's arrival on a full barrier, announcing the bytes its copies
+// will complete on it.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// One arrival per warp (lane 0), as a predicated instruction: a branch here
+// would sit between two wgmma waits.
+__device__ __forceinline__ void mbar_arrive_warp(uint32_t bar, int lane)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(
+                     bar),
+                 "r"(lane)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+// Named barriers 1 and 2 (0 is __syncthreads) over the 256 consumer threads.
+__device__ __forceinline__ void named_sync(int id)
+{
+    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ void named_arrive(int id)
+{
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+// Box (64 columns x rows) at coordinates c of a 4-d tensor map into dst.
+__device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2,
+                                          int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, "
+                 "%5, %6}], [%2];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
+
+// Rows [r, r + R) of head hd, batch bt of tensor t of the maps (columns [0,
+// DP), zero past the tensor's edges) into the swizzled R x DP tile at dst; the
+// copies complete on bar.
+template <int R, int DP>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const wg_maps &mp, int t, uint32_t bar, int r, int hd, int bt)
+{
+    const int pr = mp.pos[t][0], ph = mp.pos[t][1];
+    const int c1 = pr == 1 ? r : ph == 1 ? hd : bt, c2 = pr == 2 ? r : ph == 2 ? hd : bt;
+    const int c3 = pr == 3 ? r : ph == 3 ? hd : bt;
+#pragma unroll
+    for (int kb = 0; kb < DP / 64; kb++)
+        tma_load4(dst + kb * R * 128, &mp.m[t], bar, kb * 64, c1, c2, c3);
+}
+
 #endif // CP_WGMMA_BODY
 
 template <typename T, int DP>
@@ -296,15 +397,237 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 #endif
 }
 
+// The same computation as fwd_wgmma_kernel with a loader warpgroup (its first
+// thread issues every copy) and the two consumer warpgroups in ping-pong.
+template <typename T, int DP>
+__global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp)
+{
+#ifdef CP_WGMMA_BODY
+    constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
+    constexpr int KST = WG_KSTAGES, VST = WG_VSTAGES;
+    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
+    const uint32_t qfull = Vs + VST * KB, kfull = qfull + 8, kempty = kfull + 8 * KST, vfull = kempty + 8 * KST,
+                   vempty = vfull + 8 * VST;
+    const int wgi = threadIdx.x >> 7, lane = threadIdx.x & 31;
+    const int64_t i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BQ; // most keys first under a causal mask
+    const int h = blockIdx.y, hk = h / p.G, b = blockIdx.z;
+    const int64_t nq = p.Sq - i0 < BQ ? p.Sq - i0 : BQ;
+    const int64_t kend = visible_keys(p, i0 + nq - 1);
+    const int ntiles = (int)((kend + BK - 1) / BK);
+
+    if (threadIdx.x == 0) {
+        mbar_init(qfull, 1);
+        for (int st = 0; st < KST; st++)
+            mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8); // 8 consumer warps release a stage
+        for (int st = 0; st < VST; st++)
+            mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wgi == 0) {
+        // the loader: one thread; K tile n waits for both consumers to have
+        // read tile n - KST from its stage, V likewise
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (threadIdx.x == 0 && ntiles > 0) {
+            mbar_expect_tx(qfull, QB);
+            tma_tile<BQ, DP>(Qs, mp, 0, qfull, (int)i0, h, b);
+            for (int n = 0; n < ntiles; n++) {
+                const int ks = n % KST, vs = n % VST;
+                if (n >= KST)
+                    mbar_wait(kempty + 8 * ks, ((n / KST) + 1) & 1);
+                mbar_expect_tx(kfull + 8 * ks, KB);
+                tma_tile<BK, DP>(Ks + ks * KB, mp, 1, kfull + 8 * ks, n * BK, hk, b);
+                if (n >= VST)
+                    mbar_wait(vempty + 8 * vs, ((n / VST) + 1) & 1);
+                mbar_expect_tx(vfull + 8 * vs, KB);
+                tma_tile<BK, DP>(Vs + vs * KB, mp, 2, vfull + 8 * vs, n * BK, hk, b);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+        const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
+        const int g = lane >> 2, tq = lane & 3;
+        const int64_t row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
+        float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
+        uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
+#pragma unroll
+        for (int nb = 0; nb < NO; nb++)
+            o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
+        m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
+        const uint32_t qa = Qs + c * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
+
+        // Ping-pong: consumer c issues its products after named barrier 1 + c
+        // and then lets the other one issue (its barrier); consumer 0 starts.
+        if (c == 0)
+            named_arrive(1);
+        if (ntiles > 0)
+            mbar_wait(qfull, 0);
+        for (int n = 0; n < ntiles; n++) {
+            const int64_t k0 = (int64_t)n * BK;
+            const int ks = n % KST, vs = (n + VST - 1) % VST; // K of tile n, V of tile n - 1
+            mbar_wait(kfull + 8 * ks, (n / KST) & 1);
+            if (n > 0)
+                mbar_wait(vfull + 8 * vs, ((n - 1) / VST) & 1);
+            named_sync(1 + c);
+            const uint32_t kt = Ks + ks * KB;
+            reg_fence(s);
+            reg_fence(o);
+            reg_fence(pa);
+            wgmma_fence(); // orders the register writes above before the products read them
+#pragma unroll
+            for (int kk = 0; kk < DP / 16; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
+                wgmma_ss128<T>(s, sw128_desc(qa + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16),
+                               sw128_desc(kt + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16), kk > 0);
+            wgmma_commit();
+            if (n > 0) {
+                const uint32_t vt = Vs + vs * KB;
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++) // 16 key rows = 2048 bytes per step
+                    wgmma_rs<T, NO>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
+                wgmma_commit();
+                named_arrive(2 - c);
+                wgmma_wait<1>();
+            } else {
+                named_arrive(2 - c);
+                wgmma_wait<0>();
+            }
+            reg_fence(s);
+            mbar_arrive_warp(kempty + 8 * ks, lane); // K tile n is read
+
+            // masked always, as in fwd_wgmma_kernel: no branch between the waits
+            softmax_tile(s, m, l, alpha, p, true, k0, row, tq);
+            reg_fence(s);
+            reg_fence(l);
+            reg_fence(alpha);
+            wgmma_wait<0>();
+            reg_fence(o);
+            if (n > 0)
+                mbar_arrive_warp(vempty + 8 * vs, lane); // V tile n - 1 is read
+            scale_rows(o, alpha);
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        }
+        if (ntiles > 0) {
+            const int vs = (ntiles - 1) % VST;
+            mbar_wait(vfull + 8 * vs, ((ntiles - 1) / VST) & 1);
+            const uint32_t vt = Vs + vs * KB;
+            reg_fence(o);
+            reg_fence(pa);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                wgmma_rs<T, NO>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence(o);
+        }
+        if (c == 0)
+            named_sync(1); // takes consumer 1's last arrival: no barrier is left half-way at exit
+
+        store_rows(p, o, m, l, row, b, h, tq);
+    }
+#else
+    (void)p, (void)mp;
+#endif
+}
+
+using encode_fn = PFN_cuTensorMapEncodeTiled_v12000;
+
+// The driver's tensor-map encoder (the module links only the runtime), or
+// NULL where the driver has none.
+encode_fn tensor_map_encoder()
+{
+    static const encode_fn fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+        cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError(); // not sticky; clear it for check_launch
+            return (encode_fn) nullptr;
+        }
+        return reinterpret_cast<encode_fn>(f);
+    }();
+    return fn;
+}
+
+// Map *map over columns [0, dim) x rows [0, n) x heads [0, nh) x batches
+// [0, nb) of t, in boxes of 64 columns x `rows` rows, 128-byte swizzled;
+// pos as in wg_maps. False where no map describes t (a dimension of more than
+// one index with a stride of 0 or below, or beyond what the copy engine
+// takes); the caller then loads with cp.async.
+bool make_map(CUtensorMap *map, int (&pos)[3], const tensor &t, cp_dtype dt, int64_t n, int nh, int nb, int dim,
+              int rows)
+{
+    const encode_fn encode = tensor_map_encoder();
+    if (!encode)
+        return false;
+    struct axis {
+        int64_t size, stride; // stride in elements
+        uint32_t box;
+        int which; // 0 rows, 1 heads, 2 batches
+    } ax[3] = {{n, t.ss, (uint32_t)rows, 0}, {nh, t.sh, 1, 1}, {nb, t.sb, 1, 2}};
+    const int64_t lim = (int64_t)1 << 38; // strides below 2^40 bytes
+    for (axis &a : ax)
+        if (a.size > 1 && (a.stride <= 0 || a.stride >= lim))
+            return false;
+    // dimensions of one index last (their stride is never used, but must be valid)
+    auto key = [](const axis &a) { return a.size > 1 ? a.stride : INT64_MAX; };
+    for (int i = 1; i < 3; i++)
+        for (int j = i; j > 0 && key(ax[j]) < key(ax[j - 1]); j--) {
+            const axis x = ax[j];
+            ax[j] = ax[j - 1], ax[j - 1] = x;
+        }
+    cuuint64_t gdim[4] = {(cuuint64_t)dim, 0, 0, 0}, gstride[3];
+    cuuint32_t box[4] = {64, 0, 0, 0}, estr[4] = {1, 1, 1, 1};
+    int64_t prev = 8; // elements (16 bytes)
+    for (int i = 0; i < 3; i++) {
+        const int64_t st = ax[i].size > 1 ? ax[i].stride : prev;
+        if (st >= lim || ax[i].size > ((int64_t)1 << 31))
+            return false;
+        gdim[i + 1] = (cuuint64_t)ax[i].size;
+        gstride[i] = (cuuint64_t)st * 2;
+        box[i + 1] = ax[i].box;
+        pos[ax[i].which] = i + 1;
+        prev = st;
+    }
+    const CUtensorMapDataType type =
+        dt == CP_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const CUresult r = encode(map, type, 4, const_cast<void *>(t.p), gdim, gstride, box, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
 template <typename T, int DP>
 cp_status launch(state *s, const attn_params &p)
 {
+    const dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
+    wg_maps mp;
+    if (!s->wgmma_cp && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
+        make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
+        make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
+        make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
+        constexpr int bytes = wgmma_ws_smem(DP);
+        auto kernel = fwd_wgmma_ws_kernel<T, DP>;
+        cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
+        if (r != CP_SUCCESS)
+            return r;
+        kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp);
+        return check_launch("attention forward (wgmma, warp-specialised)");
+    }
     constexpr int bytes = wgmma_smem(DP);
     auto kernel = fwd_wgmma_kernel<T, DP>;
     cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma)");
     if (r != CP_SUCCESS)
         return r;
-    dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
     kernel<<<grid, WG_THREADS, bytes, s->stream>>>(p);
     return check_launch("attention forward (wgmma)");
 }

@@ -52,6 +52,7 @@ struct state {
     int cc;                           // compute capability, major * 10 + minor
     int deterministic;                // backward bitwise reproducible (no atomics); 0 = fastest
     int bwd_warps;                    // warps of the atomic backward's blocks (tuning; 0 = default)
+    int wgmma_cp;                     // wgmma forward: 1 = the cp.async kernel, not the TMA one (tuning)
 };
 
 // Make the state's device current on the calling thread.

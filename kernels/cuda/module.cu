@@ -100,6 +100,8 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->fwd_mt = mt && !strcmp(mt, "1") ? 1 : 0;
     const char *bw = getenv("INFINICP_CUDA_BWD_WARPS"); // tuning knob, see attn_mma_bwd.cu
     s->bwd_warps = bw && !strcmp(bw, "8") ? 8 : 0;
+    const char *ws = getenv("INFINICP_CUDA_WGMMA_WS"); // tuning knob, see attn_wgmma_fwd.cu
+    s->wgmma_cp = ws && !strcmp(ws, "0");
     int major = 0, minor = 0;
     if ((e = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device_index)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index)) !=
