@@ -38,13 +38,10 @@
 // a tensor map cannot describe and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
 #include <cudaTypedefs.h>
 
-#include "mma.cuh"
-
 // Only sm_90a has wgmma; every other target compiles an empty kernel that
-// the dispatch never launches (wgmma_fits).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define CP_WGMMA_BODY 1
-#endif
+// the dispatch never launches (wgmma_fits). wgmma.cuh defines CP_WGMMA_BODY
+// there and holds the primitives both wgmma kernels use.
+#include "wgmma.cuh"
 
 namespace cu {
 namespace {
@@ -81,150 +78,10 @@ struct wg_maps {
 
 #ifdef CP_WGMMA_BODY
 
-// Byte offset of 16-byte chunk c of row r in a swizzled R-row tile.
-template <int R>
-__device__ __forceinline__ uint32_t sw_off(int r, int c)
-{
-    return (uint32_t)((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-__device__ __forceinline__ void cp_async16_to(uint32_t dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void zero16(uint32_t dst)
-{
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0));
-}
-
-// Rows [r0, r0 + R) of head h of t, columns [0, dim), into a swizzled R x DP
-// tile at dst; rows past n and columns past dim are zero (V's must be: P is
-// 0 there, but 0 * NaN is not). Needs p.vec (16-byte aligned rows).
-template <typename T, int R, int DP>
-__device__ __forceinline__ void load_sw(uint32_t dst, const tensor &t, int64_t b, int64_t r0, int64_t n, int h,
-                                        int dim)
-{
-    constexpr int CH = DP / 8, RP = WG_THREADS / CH; // chunks per row, rows per pass
-    const int c = threadIdx.x % CH, r1 = threadIdx.x / CH;
-    const T *src = static_cast<const T *>(t.p) + at(t, b, r0 + r1, h) + c * 8;
-    const bool col = c * 8 < dim;
-#pragma unroll
-    for (int it = 0; it < R / RP; it++) {
-        const int r = r1 + it * RP;
-        if (col && r0 + r < n)
-            cp_async16_to(dst + sw_off<R>(r, c), src + (int64_t)it * RP * t.ss);
-        else
-            zero16(dst + sw_off<R>(r, c));
-    }
-}
-
-// Shared-memory matrix descriptor of a 128-byte-swizzled operand at addr:
-// lbo = byte stride between 64-element column blocks (MN-major; K-major
-// ignores it), 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo)
-{
-    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
-           1ull << 62;
-}
-
-__device__ __forceinline__ void wgmma_fence()
-{
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void wgmma_commit()
-{
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void wgmma_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Keep the compiler from moving accesses of accumulators across the issue
-// and the wait of an asynchronous product.
-template <int NB>
-__device__ __forceinline__ void reg_fence(float (&d)[NB][4])
-{
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            asm volatile("" : "+f"(d[nb][c])::"memory");
-}
-
-__device__ __forceinline__ void reg_fence(float (&d)[2])
-{
-    asm volatile("" : "+f"(d[0]), "+f"(d[1])::"memory");
-}
-
-template <int NB>
-__device__ __forceinline__ void reg_fence(uint32_t (&d)[NB][4])
-{
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            asm volatile("" : "+r"(d[nb][c])::"memory");
-}
-
-__device__ __forceinline__ void fence_proxy_async()
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-#define WG_ACC2(d, j)                                                                                          \
-    "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[(j) + 1][0]), "+f"(d[(j) + 1][1]),      \
-        "+f"(d[(j) + 1][2]), "+f"(d[(j) + 1][3])
-#define WG_ACC8(d, j) WG_ACC2(d, j), WG_ACC2(d, (j) + 2), WG_ACC2(d, (j) + 4), WG_ACC2(d, (j) + 6)
-#define WG_REGS32                                                                                              \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
-    "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define WG_REGS64                                                                                              \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
-    "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
-    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-
-// d (64 x 128) (+)= A B, one k16 step, A and B K-major in shared memory;
-// acc = 0 overwrites d.
-template <typename T>
-__device__ __forceinline__ void wgmma_ss128(float (&d)[16][4], uint64_t da, uint64_t db, int acc);
-// d (64 x 8 NB) += A B, one k16 step, A in registers, B MN-major in shared memory.
-template <typename T, int NB>
-__device__ __forceinline__ void wgmma_rs(float (&d)[NB][4], const uint32_t (&a)[4], uint64_t db);
-
-#define WG_DEFINE(T, TY)                                                                                       \
-    template <>                                                                                                \
-    __device__ __forceinline__ void wgmma_ss128<T>(float (&d)[16][4], uint64_t da, uint64_t db, int acc)       \
-    {                                                                                                          \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WG_REGS64                    \
-                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                         \
-                     : WG_ACC8(d, 0), WG_ACC8(d, 8)                                                            \
-                     : "l"(da), "l"(db), "r"(acc));                                                            \
-    }                                                                                                          \
-    template <>                                                                                                \
-    __device__ __forceinline__ void wgmma_rs<T, 16>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db)    \
-    {                                                                                                          \
-        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WG_REGS64                    \
-                     ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                                              \
-                     : WG_ACC8(d, 0), WG_ACC8(d, 8)                                                            \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                   \
-    }                                                                                                          \
-    template <>                                                                                                \
-    __device__ __forceinline__ void wgmma_rs<T, 8>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db)      \
-    {                                                                                                          \
-        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WG_REGS32                     \
-                     ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"                                              \
-                     : WG_ACC8(d, 0)                                                                           \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                   \
-    }
-
-WG_DEFINE(__nv_bfloat16, "bf16")
-WG_DEFINE(__half, "f16")
+using wg::fence_proxy_async;
+using wg::reg_fence;
+using wg::sw128_desc;
+using wg::sw_off;
 
 // --- the warp-specialised kernel's synchronisation and copies ---
 
@@ -316,9 +173,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
     const int64_t row = i0 + wg * 64 + warp * 16 + g; // this thread's rows: row, row + 8
 
     if (ntiles > 0) {
-        load_sw<T, BQ, DP>(Qs, p.q, b, i0, p.Sq, h, p.D);
-        load_sw<T, BK, DP>(Ks, p.k, b, 0, p.Sk, hk, p.D);
-        load_sw<T, BK, DP>(Vs, p.v, b, 0, p.Sk, hk, p.Dv);
+        wg::load_sw<T, BQ, DP, WG_THREADS>(Qs, p.q, b, i0, p.Sq, h, p.D);
+        wg::load_sw<T, BK, DP, WG_THREADS>(Ks, p.k, b, 0, p.Sk, hk, p.D);
+        wg::load_sw<T, BK, DP, WG_THREADS>(Vs, p.v, b, 0, p.Sk, hk, p.Dv);
         cp_async_commit();
     }
 
@@ -336,29 +193,29 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
         fence_proxy_async(); // the tiles were written through the generic proxy; wgmma reads through the async one
         __syncthreads();     // K, V tile n are in; both warpgroups are done with K n-1 and V n-2
         if (n + 1 < ntiles) {
-            load_sw<T, BK, DP>(Ks + ((n + 1) % WG_KSTAGES) * KB, p.k, b, k0 + BK, p.Sk, hk, p.D);
-            load_sw<T, BK, DP>(Vs + ((n + 1) % WG_VSTAGES) * KB, p.v, b, k0 + BK, p.Sk, hk, p.Dv);
+            wg::load_sw<T, BK, DP, WG_THREADS>(Ks + ((n + 1) % WG_KSTAGES) * KB, p.k, b, k0 + BK, p.Sk, hk, p.D);
+            wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, p.v, b, k0 + BK, p.Sk, hk, p.Dv);
             cp_async_commit();
         }
         const uint32_t kt = Ks + (n % WG_KSTAGES) * KB;
         reg_fence(s);
         reg_fence(o);
         reg_fence(pa);
-        wgmma_fence(); // orders the register writes above before the products read them
+        wg::fence(); // orders the register writes above before the products read them
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
-            wgmma_ss128<T>(s, sw128_desc(qa + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16),
+            wg::mma_ss<T, 0, 0>(s, sw128_desc(qa + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16),
                            sw128_desc(kt + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16), kk > 0);
-        wgmma_commit();
+        wg::commit();
         if (n > 0) {
             const uint32_t vt = Vs + ((n - 1) % WG_VSTAGES) * KB;
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) // 16 key rows = 2048 bytes per step
-                wgmma_rs<T, NO>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
-            wgmma_commit();
-            wgmma_wait<1>();
+                wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
+            wg::commit();
+            wg::wait<1>();
         } else {
-            wgmma_wait<0>();
+            wg::wait<0>();
         }
         reg_fence(s);
 
@@ -370,7 +227,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
         reg_fence(s);
         reg_fence(l);
         reg_fence(alpha);
-        wgmma_wait<0>();
+        wg::wait<0>();
         reg_fence(o);
         scale_rows(o, alpha);
 #pragma unroll
@@ -381,12 +238,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
         const uint32_t vt = Vs + ((ntiles - 1) % WG_VSTAGES) * KB;
         reg_fence(o);
         reg_fence(pa);
-        wgmma_fence();
+        wg::fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++)
-            wgmma_rs<T, NO>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
-        wgmma_commit();
-        wgmma_wait<0>();
+            wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
+        wg::commit();
+        wg::wait<0>();
         reg_fence(o);
     }
 
@@ -476,23 +333,23 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             reg_fence(s);
             reg_fence(o);
             reg_fence(pa);
-            wgmma_fence(); // orders the register writes above before the products read them
+            wg::fence(); // orders the register writes above before the products read them
 #pragma unroll
             for (int kk = 0; kk < DP / 16; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
-                wgmma_ss128<T>(s, sw128_desc(qa + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16),
+                wg::mma_ss<T, 0, 0>(s, sw128_desc(qa + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16),
                                sw128_desc(kt + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16), kk > 0);
-            wgmma_commit();
+            wg::commit();
             if (n > 0) {
                 const uint32_t vt = Vs + vs * KB;
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; kk++) // 16 key rows = 2048 bytes per step
-                    wgmma_rs<T, NO>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
-                wgmma_commit();
+                    wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
+                wg::commit();
                 named_arrive(2 - c);
-                wgmma_wait<1>();
+                wg::wait<1>();
             } else {
                 named_arrive(2 - c);
-                wgmma_wait<0>();
+                wg::wait<0>();
             }
             reg_fence(s);
             mbar_arrive_warp(kempty + 8 * ks, lane); // K tile n is read
@@ -502,7 +359,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             reg_fence(s);
             reg_fence(l);
             reg_fence(alpha);
-            wgmma_wait<0>();
+            wg::wait<0>();
             reg_fence(o);
             if (n > 0)
                 mbar_arrive_warp(vempty + 8 * vs, lane); // V tile n - 1 is read
@@ -517,12 +374,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             const uint32_t vt = Vs + vs * KB;
             reg_fence(o);
             reg_fence(pa);
-            wgmma_fence();
+            wg::fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                wgmma_rs<T, NO>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
-            wgmma_commit();
-            wgmma_wait<0>();
+                wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
+            wg::commit();
+            wg::wait<0>();
             reg_fence(o);
         }
         if (c == 0)
