@@ -83,6 +83,79 @@ using wg::reg_fence;
 using wg::sw128_desc;
 using wg::sw_off;
 
+// --- the per-tile steps both kernels take (per consumer warpgroup) ---
+
+// Issue S = Q K^T for the key tile at kt (this warpgroup's rows of Q at qa);
+// committed, not waited for. The fences order the registers' last writes
+// (the previous tile's softmax, rescale and P fragments) before any product
+// of this tile reads or writes them.
+template <typename T, int DP>
+__device__ __forceinline__ void issue_s(float (&s)[WG_BK / 8][4], float (&o)[DP / 8][4],
+                                        uint32_t (&pa)[WG_BK / 16][4], uint32_t qa, uint32_t kt)
+{
+    reg_fence(s);
+    reg_fence(o);
+    reg_fence(pa);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
+        wg::mma_ss<T, 0, 0>(s, sw128_desc(qa + (kk >> 2) * WG_BQ * 128 + (kk & 3) * 32, 16),
+                            sw128_desc(kt + (kk >> 2) * WG_BK * 128 + (kk & 3) * 32, 16), kk > 0);
+    wg::commit();
+}
+
+// Issue O += P V for the V tile at vt, P the previous tile's probabilities;
+// committed, not waited for.
+template <typename T, int DP>
+__device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (&pa)[WG_BK / 16][4], uint32_t vt)
+{
+#pragma unroll
+    for (int kk = 0; kk < WG_BK / 16; kk++) // 16 key rows = 2048 bytes per step
+        wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, WG_BK * 128));
+    wg::commit();
+}
+
+// With S of the tile in: its online softmax (masked always - key limits of
+// BK where nothing is hidden - so that no branch separates the two waits,
+// or the compiler waits for both), then the wait for P V of the previous
+// tile. The softmax's results are used before that wait, so that the
+// compiler cannot sink the arithmetic past it (the overlap with P V).
+template <int DP>
+__device__ __forceinline__ void softmax_then_wait(float (&s)[WG_BK / 8][4], float (&o)[DP / 8][4], float (&m)[2],
+                                                  float (&l)[2], float (&alpha)[2], const attn_params &p, int64_t k0,
+                                                  int64_t row, int tq)
+{
+    softmax_tile(s, m, l, alpha, p, true, k0, row, tq);
+    reg_fence(s);
+    reg_fence(l);
+    reg_fence(alpha);
+    wg::wait<0>();
+    reg_fence(o);
+}
+
+// End of a tile: O rescaled to the new maximum, P as A fragments.
+template <typename T, int DP>
+__device__ __forceinline__ void finish_tile(float (&o)[DP / 8][4], const float (&alpha)[2], const float (&s)[WG_BK / 8][4],
+                                            uint32_t (&pa)[WG_BK / 16][4])
+{
+    scale_rows(o, alpha);
+#pragma unroll
+    for (int kk = 0; kk < WG_BK / 16; kk++)
+        c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+}
+
+// After the last tile: its P V, waited for.
+template <typename T, int DP>
+__device__ __forceinline__ void last_pv(float (&o)[DP / 8][4], uint32_t (&pa)[WG_BK / 16][4], uint32_t vt)
+{
+    reg_fence(o);
+    reg_fence(pa);
+    wg::fence();
+    issue_pv<T, DP>(o, pa, vt);
+    wg::wait<0>();
+    reg_fence(o);
+}
+
 // --- the warp-specialised kernel's synchronisation and copies ---
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
@@ -197,55 +270,19 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
             wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, p.v, b, k0 + BK, p.Sk, hk, p.Dv);
             cp_async_commit();
         }
-        const uint32_t kt = Ks + (n % WG_KSTAGES) * KB;
-        reg_fence(s);
-        reg_fence(o);
-        reg_fence(pa);
-        wg::fence(); // orders the register writes above before the products read them
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
-            wg::mma_ss<T, 0, 0>(s, sw128_desc(qa + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16),
-                           sw128_desc(kt + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16), kk > 0);
-        wg::commit();
+        issue_s<T, DP>(s, o, pa, qa, Ks + (n % WG_KSTAGES) * KB);
         if (n > 0) {
-            const uint32_t vt = Vs + ((n - 1) % WG_VSTAGES) * KB;
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) // 16 key rows = 2048 bytes per step
-                wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
-            wg::commit();
+            issue_pv<T, DP>(o, pa, Vs + ((n - 1) % WG_VSTAGES) * KB);
             wg::wait<1>();
         } else {
             wg::wait<0>();
         }
         reg_fence(s);
-
-        // masked always (key limits of BK where nothing is hidden): no
-        // branch may separate the two waits, or the compiler waits for both
-        softmax_tile(s, m, l, alpha, p, true, k0, row, tq);
-        // the softmax's results are used before the wait below, so that the
-        // compiler cannot sink that arithmetic past it (the overlap with P V)
-        reg_fence(s);
-        reg_fence(l);
-        reg_fence(alpha);
-        wg::wait<0>();
-        reg_fence(o);
-        scale_rows(o, alpha);
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-            c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        softmax_then_wait<DP>(s, o, m, l, alpha, p, k0, row, tq);
+        finish_tile<T, DP>(o, alpha, s, pa);
     }
-    if (ntiles > 0) {
-        const uint32_t vt = Vs + ((ntiles - 1) % WG_VSTAGES) * KB;
-        reg_fence(o);
-        reg_fence(pa);
-        wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-            wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
-        wg::commit();
-        wg::wait<0>();
-        reg_fence(o);
-    }
+    if (ntiles > 0)
+        last_pv<T, DP>(o, pa, Vs + ((ntiles - 1) % WG_VSTAGES) * KB);
 
     // normalise and write, or merge into the running (o, lse)
     store_rows(p, o, m, l, row, b, h, tq);
@@ -329,22 +366,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             if (n > 0)
                 mbar_wait(vfull + 8 * vs, ((n - 1) / VST) & 1);
             named_sync(1 + c);
-            const uint32_t kt = Ks + ks * KB;
-            reg_fence(s);
-            reg_fence(o);
-            reg_fence(pa);
-            wg::fence(); // orders the register writes above before the products read them
-#pragma unroll
-            for (int kk = 0; kk < DP / 16; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
-                wg::mma_ss<T, 0, 0>(s, sw128_desc(qa + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16),
-                               sw128_desc(kt + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16), kk > 0);
-            wg::commit();
+            issue_s<T, DP>(s, o, pa, qa, Ks + ks * KB);
             if (n > 0) {
-                const uint32_t vt = Vs + vs * KB;
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; kk++) // 16 key rows = 2048 bytes per step
-                    wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
-                wg::commit();
+                issue_pv<T, DP>(o, pa, Vs + vs * KB);
                 named_arrive(2 - c);
                 wg::wait<1>();
             } else {
@@ -354,33 +378,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             reg_fence(s);
             mbar_arrive_warp(kempty + 8 * ks, lane); // K tile n is read
 
-            // masked always, as in fwd_wgmma_kernel: no branch between the waits
-            softmax_tile(s, m, l, alpha, p, true, k0, row, tq);
-            reg_fence(s);
-            reg_fence(l);
-            reg_fence(alpha);
-            wg::wait<0>();
-            reg_fence(o);
+            softmax_then_wait<DP>(s, o, m, l, alpha, p, k0, row, tq);
             if (n > 0)
                 mbar_arrive_warp(vempty + 8 * vs, lane); // V tile n - 1 is read
-            scale_rows(o, alpha);
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+            finish_tile<T, DP>(o, alpha, s, pa);
         }
         if (ntiles > 0) {
             const int vs = (ntiles - 1) % VST;
             mbar_wait(vfull + 8 * vs, ((ntiles - 1) / VST) & 1);
-            const uint32_t vt = Vs + vs * KB;
-            reg_fence(o);
-            reg_fence(pa);
-            wg::fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, BK * 128));
-            wg::commit();
-            wg::wait<0>();
-            reg_fence(o);
+            last_pv<T, DP>(o, pa, Vs + vs * KB);
         }
         if (c == 0)
             named_sync(1); // takes consumer 1's last arrival: no barrier is left half-way at exit
