@@ -8,21 +8,14 @@
 # Environment: BUILD (default build-gpu), GPU_ARCHS (default 90), REPS (default 5).
 set -eu
 cd "$(dirname "$0")/.."
-logs=${1:-bench-logs}
-build=${BUILD:-build-gpu}
-reps=${REPS:-5}
-mkdir -p "$logs"
+. bench/build.sh
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1
   python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())'
 } | tee "$logs/versions.txt"
 
-if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-90}" -Dmpi=disabled -Ddocs=disabled >"$logs/build.log" 2>&1 \
-        || { tail -40 "$logs/build.log"; exit 1; }
-fi
-meson compile -C "$build" infinicp-bench bench-gpu backend-cuda >>"$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -40; exit 1; }
+build_targets infinicp-bench bench-gpu backend-cuda
 
 INFINICP_MODULE_PATH="$build/kernels/cuda" "$build/tests/bench-gpu" --csv "$reps" >"$logs/results.csv"
 python3 bench/sdpa_baseline.py "$reps" >>"$logs/results.csv"

@@ -9,17 +9,9 @@
 # Environment: BUILD (default build-gpu), GPU_ARCHS (default 90), REPS (default 5).
 set -eu
 cd "$(dirname "$0")/.."
-logs=${1:-bench-logs}
-build=${BUILD:-build-gpu}
-reps=${REPS:-5}
-mkdir -p "$logs"
+. bench/build.sh
 
-if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-90}" -Dmpi=disabled -Ddocs=disabled >"$logs/build.log" 2>&1 \
-        || { tail -40 "$logs/build.log"; exit 1; }
-fi
-meson compile -C "$build" infinicp-bench backend-cuda >>"$logs/build.log" 2>&1 \
-    || { grep -E "error|FAILED" "$logs/build.log" | head -40; exit 1; }
+build_targets infinicp-bench backend-cuda
 
 export INFINICP_MODULE_PATH="$build/kernels/cuda"
 bench="$build/tools/infinicp-bench --device cuda --dtype bf16 --heads 16 --kv-heads 16 --dim 128"
