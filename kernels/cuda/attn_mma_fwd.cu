@@ -25,12 +25,9 @@ __global__ void __launch_bounds__(128) fwd_mma_kernel(attn_params p)
     extern __shared__ __align__(16) unsigned char smem[];
     T *Qs = reinterpret_cast<T *>(smem), *Ks = Qs + BQ * PITCH, *Vs = Ks + BK * PITCH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int64_t i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BQ; // most keys first under a causal mask
-    const int h = blockIdx.y, hk = h / p.G;
-    const int64_t b = blockIdx.z;
-    const int64_t nq = p.Sq - i0 < BQ ? p.Sq - i0 : BQ;
-    const int64_t kend = visible_keys(p, i0 + nq - 1);
-    const int ntiles = (int)((kend + BK - 1) / BK);
+    const fwd_block w = fwd_block_of<BQ, BK>(p);
+    const int64_t i0 = w.i0, b = w.b;
+    const int h = w.h, hk = w.hk, ntiles = w.ntiles;
     const int wrow = warp * 16 * MT;      // the warp's first row in the tile
     const int64_t row0 = i0 + wrow + g;   // this thread's rows: row0 + 16 mt + 8 r
 

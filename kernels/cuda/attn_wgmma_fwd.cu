@@ -85,6 +85,16 @@ using wg::sw_off;
 
 // --- the per-tile steps both kernels take (per consumer warpgroup) ---
 
+// A warpgroup's rows before the first key tile: O = 0, no maximum, no sum.
+template <int DP>
+__device__ __forceinline__ void start_rows(float (&o)[DP / 8][4], float (&m)[2], float (&l)[2])
+{
+#pragma unroll
+    for (int nb = 0; nb < DP / 8; nb++)
+        o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
+    m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
+}
+
 // Issue S = Q K^T for the key tile at kt (this warpgroup's rows of Q at qa);
 // committed, not waited for. The fences order the registers' last writes
 // (the previous tile's softmax, rescale and P fragments) before any product
@@ -237,12 +247,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + WG_KSTAGES * KB;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
-    const int64_t i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BQ; // most keys first under a causal mask
-    const int h = blockIdx.y, hk = h / p.G;
-    const int64_t b = blockIdx.z;
-    const int64_t nq = p.Sq - i0 < BQ ? p.Sq - i0 : BQ;
-    const int64_t kend = visible_keys(p, i0 + nq - 1);
-    const int ntiles = (int)((kend + BK - 1) / BK);
+    const fwd_block w = fwd_block_of<BQ, BK>(p);
+    const int64_t i0 = w.i0, b = w.b;
+    const int h = w.h, hk = w.hk, ntiles = w.ntiles;
     const int64_t row = i0 + wg * 64 + warp * 16 + g; // this thread's rows: row, row + 8
 
     if (ntiles > 0) {
@@ -254,10 +261,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 
     float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
     uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
-#pragma unroll
-    for (int nb = 0; nb < NO; nb++)
-        o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
-    m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
+    start_rows<DP>(o, m, l);
     const uint32_t qa = Qs + wg * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
 
     for (int n = 0; n < ntiles; n++) {
@@ -305,11 +309,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
     const uint32_t qfull = Vs + VST * KB, kfull = qfull + 8, kempty = kfull + 8 * KST, vfull = kempty + 8 * KST,
                    vempty = vfull + 8 * VST;
     const int wgi = threadIdx.x >> 7, lane = threadIdx.x & 31;
-    const int64_t i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BQ; // most keys first under a causal mask
-    const int h = blockIdx.y, hk = h / p.G, b = blockIdx.z;
-    const int64_t nq = p.Sq - i0 < BQ ? p.Sq - i0 : BQ;
-    const int64_t kend = visible_keys(p, i0 + nq - 1);
-    const int ntiles = (int)((kend + BK - 1) / BK);
+    const fwd_block w = fwd_block_of<BQ, BK>(p);
+    const int64_t i0 = w.i0;
+    const int h = w.h, hk = w.hk, b = (int)w.b, ntiles = w.ntiles;
 
     if (threadIdx.x == 0) {
         mbar_init(qfull, 1);
@@ -347,10 +349,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
         const int64_t row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
         float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
         uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
-#pragma unroll
-        for (int nb = 0; nb < NO; nb++)
-            o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
-        m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
+        start_rows<DP>(o, m, l);
         const uint32_t qa = Qs + c * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
 
         // Ping-pong: consumer c issues its products after named barrier 1 + c

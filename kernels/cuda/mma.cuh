@@ -176,6 +176,28 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4], c
     a[3] = pack2<T>(hi[2], hi[3]);
 }
 
+// The work of one block of a forward kernel (grid: query row blocks, heads,
+// batches): BQ query rows from i0 - blocks in reverse order, so that under a
+// causal mask the ones with the most keys start first - of head h (kv head
+// hk) in batch b, and the ntiles key tiles of BK that cover every key they see.
+struct fwd_block {
+    int64_t i0, b;
+    int h, hk, ntiles;
+};
+
+template <int BQ, int BK>
+__device__ __forceinline__ fwd_block fwd_block_of(const attn_params &p)
+{
+    fwd_block w;
+    w.i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BQ;
+    w.h = blockIdx.y;
+    w.hk = w.h / p.G;
+    w.b = blockIdx.z;
+    const int64_t nq = p.Sq - w.i0 < BQ ? p.Sq - w.i0 : BQ;
+    w.ntiles = (int)((visible_keys(p, w.i0 + nq - 1) + BK - 1) / BK);
+    return w;
+}
+
 // Keys [k0, k0 + lim) of a tile of bk keys that query row i sees.
 __device__ __forceinline__ int key_limit(const attn_params &p, int64_t k0, int64_t i, int bk)
 {
