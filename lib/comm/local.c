@@ -21,6 +21,19 @@
  * Slots are written by their owner only between its own arrival and
  * departure, and read by peers only in that same window, so the two
  * rendezvous (whose mutex orders memory) are all the locking data needs.
+ *
+ * Buffers on a device whose backend has events are exchanged in stream
+ * order, as NCCL does, and the host never waits for the device: at arrival
+ * each rank records an event after the work that produces its send buffer
+ * and posts it; a reader's stream waits for that event before its copies;
+ * at departure each reader posts an event after its copies, and an owner's
+ * stream waits for the events of the ranks that read its buffer, so nothing
+ * it queues later (an in-place result, the next write to that buffer) can
+ * overtake their reads. A third rendezvous then lets every rank destroy its
+ * events, since no peer waits on them any more. Other buffers (host memory,
+ * backends without events, or INFINICP_LOCAL_HOST_SYNC=1 when the world is
+ * made) take the host path: each rank synchronizes its stream before
+ * arrival and after its copies.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -57,12 +70,20 @@ struct world {
     const void **sends; /* its send buffer */
     int32_t *done;      /* its status at departure */
     world **made;       /* split: the new world its members share */
+    /* stream order: per rank, the backend it queues on (NULL = host path)
+     * and its events marking the send buffer ready and its reads done */
+    const cp_backend_ops **ops;
+    void **ready, **copied;
+    bool host_sync;     /* INFINICP_LOCAL_HOST_SYNC=1: never stream order */
 };
 
 typedef struct local_comm {
     world *w;
     int rank;
     int32_t kind; /* the call in progress, for messages */
+    /* the call in progress, in stream order: its backend and own events */
+    const cp_xfer *ordered;
+    void *ready, *copied;
 } local_comm;
 
 static void world_free_arrays(world *w)
@@ -72,6 +93,9 @@ static void world_free_arrays(world *w)
     free(w->sends);
     free(w->done);
     free(w->made);
+    free(w->ops);
+    free(w->ready);
+    free(w->copied);
     free(w);
 }
 
@@ -110,7 +134,13 @@ static world *world_create(int size, int alive)
     w->sends = cpi_calloc((size_t)size, sizeof *w->sends);
     w->done = cpi_calloc((size_t)size, sizeof *w->done);
     w->made = cpi_calloc((size_t)size, sizeof *w->made);
-    if (!w->waiting || !w->calls || !w->sends || !w->done || !w->made || !init_sync(w)) {
+    w->ops = cpi_calloc((size_t)size, sizeof *w->ops);
+    w->ready = cpi_calloc((size_t)size, sizeof *w->ready);
+    w->copied = cpi_calloc((size_t)size, sizeof *w->copied);
+    const char *env = getenv("INFINICP_LOCAL_HOST_SYNC");
+    w->host_sync = env && !strcmp(env, "1");
+    if (!w->waiting || !w->calls || !w->sends || !w->done || !w->made || !w->ops || !w->ready || !w->copied ||
+        !init_sync(w)) {
         world_free_arrays(w);
         cpi_error(CP_ERROR_OUT_OF_MEMORY, "local transport: cannot create a world of %d ranks", size);
         return NULL;
@@ -194,42 +224,144 @@ static cp_status rendezvous(local_comm *c, int timeout_ms)
     return CP_SUCCESS;
 }
 
+/* ---- stream order ------------------------------------------------------ */
+
+/* Can this call's buffers be exchanged in stream order? */
+static const cp_xfer *stream_ordered(const world *w, const cp_xfer *x)
+{
+    if (!x || w->host_sync)
+        return NULL;
+    const cp_backend_ops *b = x->backend;
+    bool events = CP_BACKEND_HAS(b, event_create) && CP_BACKEND_HAS(b, event_destroy) &&
+                  CP_BACKEND_HAS(b, event_record) && CP_BACKEND_HAS(b, event_wait);
+    return b->device != CP_DEVICE_CPU && events ? x : NULL;
+}
+
+/* An event after the work queued so far on the call's stream. */
+static cp_status mark(const cp_xfer *x, void **ev)
+{
+    CPI_TRY(x->backend->event_create(x->backend_state, ev));
+    cp_status s = x->backend->event_record(x->backend_state, *ev);
+    if (s != CP_SUCCESS) {
+        x->backend->event_destroy(x->backend_state, *ev);
+        *ev = NULL;
+    }
+    return s;
+}
+
+static void drop_events(local_comm *c)
+{
+    if (c->ordered) {
+        c->ordered->backend->event_destroy(c->ordered->backend_state, c->ready);
+        c->ordered->backend->event_destroy(c->ordered->backend_state, c->copied);
+    }
+    c->ready = c->copied = NULL;
+    c->ordered = NULL;
+}
+
+/* Before reading rank j's send buffer: in stream order, wait for it. */
+static cp_status reading(local_comm *c, int j)
+{
+    if (!c->ordered || j == c->rank)
+        return CP_SUCCESS;
+    return c->ordered->backend->event_wait(c->ordered->backend_state, c->w->ready[j]);
+}
+
+/* After departure, with every peer's status CP_SUCCESS: make this rank's
+ * stream wait for the reads of its buffer by the ranks that made them. */
+static cp_status after_readers(local_comm *c)
+{
+    const world *w = c->w;
+    for (int j = 0; j < w->size; j++) {
+        if (j == c->rank)
+            continue;
+        /* a sendrecv is read only by the rank whose source this rank is;
+         * every other collective by everyone */
+        if (w->calls[j].kind == CPI_CALL_SENDRECV && w->calls[j].b != c->rank)
+            continue;
+        CPI_TRY(c->ordered->backend->event_wait(c->ordered->backend_state, w->copied[j]));
+    }
+    return CP_SUCCESS;
+}
+
+/* Do all ranks queue this call alike: all on the host path, or all in
+ * stream order on one backend? */
+static bool same_order(const world *w, char *why, size_t cap)
+{
+    for (int j = 1; j < w->size; j++)
+        if (w->ops[j] != w->ops[0]) {
+            snprintf(why, cap, "rank 0 %s, rank %d %s (device buffers of every rank must be on one backend)",
+                     w->ops[0] ? "queues on a device backend" : "uses host synchronization", j,
+                     w->ops[j] ? w->ops[j] == w->ops[0] ? "too" : "queues on another device backend"
+                               : "uses host synchronization");
+            return false;
+        }
+    return true;
+}
+
+/* ---- arrival and departure ---------------------------------------------- */
+
 /* Departure: post this rank's status, wait for all, and fail on every rank
  * if any rank failed (each failing rank keeps its own message). */
 static cp_status leave(local_comm *c, const cp_xfer *x, cp_status s)
 {
     world *w = c->w;
-    /* My reads of peers' buffers must be complete before they may reuse them. */
+    /* My reads of peers' buffers must be complete before they may reuse
+     * them: on the host path now, in stream order for whoever reuses. */
     if (s == CP_SUCCESS && x)
-        s = x->backend->synchronize(x->backend_state);
+        s = c->ordered ? mark(x, &c->copied) : x->backend->synchronize(x->backend_state);
     w->done[c->rank] = (int32_t)s;
+    w->copied[c->rank] = c->copied;
     cp_status r = rendezvous(c, 0);
+    cp_status agg = CP_SUCCESS;
+    int failed = -1;
+    for (int j = 0; j < w->size && r == CP_SUCCESS; j++)
+        if (w->done[j] != CP_SUCCESS && failed < 0)
+            failed = j;
+    if (c->ordered) {
+        if (s == CP_SUCCESS && r == CP_SUCCESS && failed < 0)
+            agg = after_readers(c);
+        /* every peer has waited on my events once all are here again */
+        cp_status t = rendezvous(c, 0);
+        if (r == CP_SUCCESS)
+            r = t;
+        drop_events(c);
+    }
     if (s != CP_SUCCESS)
         return s;
     if (r != CP_SUCCESS)
         return r;
-    for (int j = 0; j < w->size; j++)
-        if (w->done[j] != CP_SUCCESS)
-            return cpi_error(CP_ERROR_COMM, "local %s: rank %d failed during the exchange (%s)",
-                             cpi_call_name(c->kind), j, cp_status_string((cp_status)w->done[j]));
-    return CP_SUCCESS;
+    if (failed >= 0)
+        return cpi_error(CP_ERROR_COMM, "local %s: rank %d failed during the exchange (%s)",
+                         cpi_call_name(c->kind), failed, cp_status_string((cp_status)w->done[failed]));
+    return agg;
 }
 
 /* Arrival: post this rank's call, wait for all, compare. On any failure
- * but a failed rendezvous, every rank has already departed together. */
-static cp_status enter(local_comm *c, const cp_xfer *x, cpi_call call, const void *send, int timeout_ms)
+ * but a failed rendezvous, every rank has already departed together.
+ * @p order: the call may go in stream order (its buffers are device
+ * buffers read by peers; not for barriers and host-only calls). */
+static cp_status enter(local_comm *c, const cp_xfer *x, cpi_call call, const void *send, int timeout_ms, bool order)
 {
     world *w = c->w;
     c->kind = call.kind;
+    c->ordered = order ? stream_ordered(w, x) : NULL;
+    c->ready = c->copied = NULL;
     /* Peers read send as soon as all have arrived: work queued on this
-     * rank's stream must have produced it by then. */
+     * rank's stream must have produced it by then (on the host path), or
+     * their streams wait for it (in stream order). */
     if (call.status == CP_SUCCESS && x)
-        call.status = (int32_t)x->backend->synchronize(x->backend_state);
+        call.status = (int32_t)(c->ordered ? mark(x, &c->ready) : x->backend->synchronize(x->backend_state));
     w->calls[c->rank] = call;
     w->sends[c->rank] = send;
-    CPI_TRY(rendezvous(c, timeout_ms));
+    w->ops[c->rank] = c->ordered ? c->ordered->backend : NULL;
+    w->ready[c->rank] = c->ready;
+    cp_status s = rendezvous(c, timeout_ms);
+    if (s != CP_SUCCESS) {
+        drop_events(c); /* the world is broken: nobody waits on them */
+        return s;
+    }
 
-    cp_status s = CP_SUCCESS;
     char why[256];
     int f = cpi_call_failed_rank(w->calls, w->size);
     if (f == c->rank)
@@ -239,10 +371,14 @@ static cp_status enter(local_comm *c, const cp_xfer *x, cpi_call call, const voi
                       cpi_call_name(call.kind), f, cp_status_string((cp_status)w->calls[f].status));
     else if (!cpi_call_agree(w->calls, w->size, why, sizeof why))
         s = cpi_error(CP_ERROR_MISMATCH, "local transport, rank %d: %s", c->rank, why);
+    else if (!same_order(w, why, sizeof why))
+        s = cpi_error(CP_ERROR_MISMATCH, "local %s, rank %d: %s", cpi_call_name(call.kind), c->rank, why);
     if (s != CP_SUCCESS) {
-        /* Everyone failed alike; depart together so no slot is reused early. */
+        /* Everyone failed alike; depart together so no slot is reused early
+         * (and no peer waits on this rank's event any more). */
         w->done[c->rank] = (int32_t)s;
         rendezvous(c, 0);
+        drop_events(c);
     }
     return s;
 }
@@ -262,10 +398,11 @@ static cp_status local_all_gather(void *impl, const cp_xfer *xin, const void *se
 {
     local_comm *c = impl;
     cp_xfer x = cpi_xfer_resolve(xin);
-    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_ALL_GATHER, bytes, -1, -1), send, x.timeout_ms));
+    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_ALL_GATHER, bytes, -1, -1), send, x.timeout_ms, true));
     cp_status s = CP_SUCCESS;
     for (int j = 0; j < c->w->size && s == CP_SUCCESS; j++)
-        s = copy(&x, (char *)recv + (size_t)j * bytes, c->w->sends[j], bytes);
+        if ((s = reading(c, j)) == CP_SUCCESS)
+            s = copy(&x, (char *)recv + (size_t)j * bytes, c->w->sends[j], bytes);
     return leave(c, &x, s);
 }
 
@@ -273,10 +410,11 @@ static cp_status local_all_to_all(void *impl, const cp_xfer *xin, const void *se
 {
     local_comm *c = impl;
     cp_xfer x = cpi_xfer_resolve(xin);
-    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_ALL_TO_ALL, bytes, -1, -1), send, x.timeout_ms));
+    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_ALL_TO_ALL, bytes, -1, -1), send, x.timeout_ms, true));
     cp_status s = CP_SUCCESS;
     for (int j = 0; j < c->w->size && s == CP_SUCCESS; j++)
-        s = copy(&x, (char *)recv + (size_t)j * bytes, (const char *)c->w->sends[j] + (size_t)c->rank * bytes,
+        if ((s = reading(c, j)) == CP_SUCCESS)
+            s = copy(&x, (char *)recv + (size_t)j * bytes, (const char *)c->w->sends[j] + (size_t)c->rank * bytes,
                  bytes);
     return leave(c, &x, s);
 }
@@ -290,15 +428,18 @@ static cp_status local_sendrecv(void *impl, const cp_xfer *xin, const void *send
     call.a = dst;
     call.b = src;
     call.recv = recv_bytes;
-    CPI_TRY(enter(c, &x, call, send, x.timeout_ms));
-    return leave(c, &x, copy(&x, recv, c->w->sends[src], recv_bytes));
+    CPI_TRY(enter(c, &x, call, send, x.timeout_ms, true));
+    cp_status s = reading(c, src);
+    if (s == CP_SUCCESS)
+        s = copy(&x, recv, c->w->sends[src], recv_bytes);
+    return leave(c, &x, s);
 }
 
 static cp_status local_barrier(void *impl, const cp_xfer *xin)
 {
     local_comm *c = impl;
     cp_xfer x = cpi_xfer_resolve(xin);
-    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_BARRIER, 0, -1, -1), NULL, x.timeout_ms));
+    CPI_TRY(enter(c, &x, cpi_call_make(CPI_CALL_BARRIER, 0, -1, -1), NULL, x.timeout_ms, false));
     return leave(c, &x, CP_SUCCESS);
 }
 
@@ -347,12 +488,14 @@ static cp_status stage_alloc(const cp_xfer *x, size_t count, cp_dtype dtype, sta
 }
 
 /* acc = op over ranks j of elements [first, first + count) of send_j. */
-static cp_status stage_reduce(const local_comm *c, const cp_xfer *x, stage *st, size_t first, cp_reduce_op op)
+static cp_status stage_reduce(local_comm *c, const cp_xfer *x, stage *st, size_t first, cp_reduce_op op)
 {
     const cp_backend_ops *b = x->backend;
     void *bs = x->backend_state;
     size_t esize = cpi_dtype_size(st->dtype), wsize = cpi_dtype_size(st->wide);
     bool widen = st->wide != st->dtype;
+    for (int j = 0; j < c->w->size; j++)
+        CPI_TRY(reading(c, j));
     for (size_t i = 0; i < st->count; i += st->chunk) {
         size_t m = st->count - i < st->chunk ? st->count - i : st->chunk;
         char *acc = (char *)st->acc + i * wsize;
@@ -387,7 +530,7 @@ static cp_status local_reduce(local_comm *c, const cp_xfer *xin, cpi_call_kind k
     stage st = { 0 };
     cpi_call call = cpi_call_make(kind, count, (int)dtype, (int)op);
     call.status = (int32_t)stage_alloc(&x, count, dtype, &st);
-    cp_status s = enter(c, &x, call, send, x.timeout_ms);
+    cp_status s = enter(c, &x, call, send, x.timeout_ms, true);
     if (s == CP_SUCCESS) {
         size_t first = kind == CPI_CALL_REDUCE_SCATTER ? (size_t)c->rank * count : 0;
         s = leave(c, &x, stage_reduce(c, &x, &st, first, op));
@@ -434,7 +577,7 @@ static cp_status local_split(void *impl, int color, int key, int timeout_ms, voi
     call.b = key;
     if (color >= 0 && !(nc = cpi_calloc(1, sizeof *nc)))
         call.status = CP_ERROR_OUT_OF_MEMORY;
-    cp_status s = enter(c, NULL, call, NULL, timeout_ms);
+    cp_status s = enter(c, NULL, call, NULL, timeout_ms, false);
     if (s != CP_SUCCESS) {
         free(nc);
         return s;
