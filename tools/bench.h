@@ -28,6 +28,7 @@ typedef struct bench_opts {
     const char *nccl_id_file; /* where rank 0 leaves the ncclUniqueId */
     int only_mode, only_layout; /* --mode / --layout: run just these (-1 = all) */
     int memory;                 /* --memory: peak device memory per rank (CUDA, local transport) */
+    int default_stream;         /* --stream default: every rank on the device's legacy default stream */
 } bench_opts;
 
 /* Demo: every CP mode and layout on in-process ranks, checked against one rank. */

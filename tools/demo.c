@@ -151,7 +151,7 @@ static void *rank_main(void *arg)
     cp_group *g = NULL;
     cp_attn_plan *plan = NULL;
     void *t[9] = { 0 }; /* q k v dout out dq dk dv lse */
-    void *ws = NULL, *global = NULL;
+    void *ws = NULL, *global = NULL, *stream = NULL;
     int owed = sh->c->reps + 1; /* arrivals this rank still owes the barrier */
     const size_t es = dtype_bytes(c->dtype);
     const size_t tq = (size_t)c->heads * (size_t)c->dim * es, tk = (size_t)c->kv_heads * (size_t)c->dim * es;
@@ -162,7 +162,14 @@ static void *rank_main(void *arg)
         fail(a, CP_ERROR_BACKEND, "cudaSetDevice");
         goto out;
     }
+    /* As on a GPU of its own, a rank's work does not queue behind the
+     * others' on one shared stream (unless --stream default). */
+    if (!c->default_stream && devmem_stream_create(dm, &stream)) {
+        fail(a, CP_ERROR_BACKEND, "cudaStreamCreateWithFlags");
+        goto out;
+    }
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+    cc.stream = stream;
     cc.num_threads = sh->threads;
     cc.device = c->cuda ? CP_DEVICE_CUDA : CP_DEVICE_CPU;
     cc.device_index = a->device;
@@ -264,6 +271,7 @@ out:
     cp_group_destroy(g);
     cp_comm_destroy(a->comm);
     cp_context_destroy(ctx);
+    devmem_stream_destroy(dm, stream);
     return NULL;
 }
 
@@ -422,7 +430,8 @@ int bench_demo(const bench_opts *o)
         printf("CP attention demo: batch %lld, seq %lld, heads %d (kv %d), head_dim %d, %s, %s, %s, %d reps\n",
                (long long)c.batch, (long long)c.seq, c.heads, c.kv_heads, c.dim, dn,
                c.mask == CP_MASK_CAUSAL ? "causal" : "no mask", c.cuda ? "CUDA" : "CPU", c.reps);
-        printf("%d ranks, transport %s (%d in this process); %s\n\n", l.world, transport_name(l.transport), l.count,
+        printf("%d ranks, transport %s (%d in this process)%s; %s\n\n", l.world, transport_name(l.transport), l.count,
+               !c.cuda ? "" : c.default_stream ? ", all on the default stream" : ", a stream per rank",
                c.timing_only ? "timing only" : "every run is checked against a single-rank run");
     }
 

@@ -39,6 +39,8 @@ static void usage(FILE *f)
             "  --mode M          only this mode: all_gather, p2p, a2a or a2a_p2p\n"
             "  --layout L        only this layout: contiguous or zigzag\n"
             "  --memory          peak device memory per rank against the analytical minimum\n"
+            "  --stream S        CUDA: own (default; each rank a non-blocking stream of its\n"
+            "                    own) or default (all ranks on the legacy default stream)\n"
             "                    (CUDA, local transport; implies --timing-only)\n"
             "  --transport T     local (default), nccl-threads (one thread per GPU,\n"
             "                    ncclCommInitAll; --cp GPUs), nccl-file (one process per GPU)\n"
@@ -100,7 +102,7 @@ static long long env_int(const char *const *names)
 
 int main(int argc, char **argv)
 {
-    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4, 0, 3, 0, BENCH_LOCAL, -1, -1, NULL, -1, -1, 0 };
+    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4, 0, 3, 0, BENCH_LOCAL, -1, -1, NULL, -1, -1, 0, 0 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         long long v;
@@ -121,6 +123,13 @@ int main(int argc, char **argv)
             o.timing_only = 1;
         } else if (!strcmp(a, "--memory")) {
             o.memory = o.timing_only = 1;
+        } else if (!strcmp(a, "--stream")) {
+            if (!val || (strcmp(val, "own") && strcmp(val, "default"))) {
+                fprintf(stderr, "infinicp-bench: --stream takes own or default\n");
+                return 2;
+            }
+            o.default_stream = !strcmp(val, "default");
+            i++;
         } else if (!strcmp(a, "--mode")) {
             static const char *const names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
             o.only_mode = -1;

@@ -18,6 +18,8 @@ static struct {
     int (*memset_)(void *, int, size_t);
     int (*device_synchronize)(void);
     int (*mem_get_info)(size_t *, size_t *);
+    int (*stream_create)(void **, unsigned);
+    int (*stream_destroy)(void *);
 } cu;
 
 int devmem_init(devmem *d, int cuda, char *err, size_t cap)
@@ -25,7 +27,7 @@ int devmem_init(devmem *d, int cuda, char *err, size_t cap)
     memset(d, 0, sizeof *d);
     if (!cuda)
         return 0;
-    static const char *names[] = { "libcudart.so", "libcudart.so.12", "libcudart.so.11.0" };
+    static const char *names[] = { "libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0" };
     void *h = NULL;
     for (size_t i = 0; i < sizeof names / sizeof names[0] && !h; i++)
         h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
@@ -41,7 +43,10 @@ int devmem_init(devmem *d, int cuda, char *err, size_t cap)
     *(void **)&cu.memset_ = dlsym(h, "cudaMemset");
     *(void **)&cu.device_synchronize = dlsym(h, "cudaDeviceSynchronize");
     *(void **)&cu.mem_get_info = dlsym(h, "cudaMemGetInfo");
-    if (!cu.get_device_count || !cu.set_device || !cu.malloc_ || !cu.free_ || !cu.memcpy_ || !cu.memset_ ||
+    *(void **)&cu.stream_create = dlsym(h, "cudaStreamCreateWithFlags");
+    *(void **)&cu.stream_destroy = dlsym(h, "cudaStreamDestroy");
+    if (!cu.stream_create || !cu.stream_destroy ||
+        !cu.get_device_count || !cu.set_device || !cu.malloc_ || !cu.free_ || !cu.memcpy_ || !cu.memset_ ||
         !cu.device_synchronize || !cu.mem_get_info) {
         snprintf(err, cap, "the CUDA runtime lacks an entry point this example uses");
         return -1;
@@ -114,4 +119,17 @@ int devmem_used(const devmem *d, size_t *used)
         return -1;
     *used = total - free_b;
     return 0;
+}
+
+int devmem_stream_create(const devmem *d, void **stream)
+{
+    *stream = NULL;
+    /* 1 = cudaStreamNonBlocking */
+    return d->cuda ? cu.stream_create(stream, 1) : 0;
+}
+
+void devmem_stream_destroy(const devmem *d, void *stream)
+{
+    if (d->cuda && stream)
+        cu.stream_destroy(stream);
 }

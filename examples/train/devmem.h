@@ -29,6 +29,11 @@ int devmem_to_host(const devmem *d, void *dst, const void *src, size_t bytes);
  * pageable host memory may still be in flight when cudaMemcpy returns, and
  * the library's streams do not wait for it. */
 int devmem_sync(const devmem *d);
+/* A stream of its own on the calling thread's device that does not wait for
+ * the legacy default stream (cudaStreamNonBlocking); *stream = NULL on the
+ * CPU. devmem_stream_destroy(NULL) is a no-op. */
+int devmem_stream_create(const devmem *d, void **stream);
+void devmem_stream_destroy(const devmem *d, void *stream);
 /* Bytes in use on the calling thread's device, by every process and
  * context (cudaMemGetInfo); CUDA only, -1 elsewhere. */
 int devmem_used(const devmem *d, size_t *used);
