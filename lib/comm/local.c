@@ -267,8 +267,9 @@ static cp_status reading(local_comm *c, int j)
     return c->ordered->backend->event_wait(c->ordered->backend_state, c->w->ready[j]);
 }
 
-/* After departure, with every peer's status CP_SUCCESS: make this rank's
- * stream wait for the reads of its buffer by the ranks that made them. */
+/* After departure: make this rank's stream wait for the reads of its buffer
+ * by the ranks that made them - also when the call failed, since a reader
+ * that failed half-way may have queued some of its copies. */
 static cp_status after_readers(local_comm *c)
 {
     const world *w = c->w;
@@ -277,7 +278,7 @@ static cp_status after_readers(local_comm *c)
             continue;
         /* a sendrecv is read only by the rank whose source this rank is;
          * every other collective by everyone */
-        if (w->calls[j].kind == CPI_CALL_SENDRECV && w->calls[j].b != c->rank)
+        if ((w->calls[j].kind == CPI_CALL_SENDRECV && w->calls[j].b != c->rank) || !w->copied[j])
             continue;
         CPI_TRY(c->ordered->backend->event_wait(c->ordered->backend_state, w->copied[j]));
     }
@@ -292,8 +293,8 @@ static bool same_order(const world *w, char *why, size_t cap)
         if (w->ops[j] != w->ops[0]) {
             snprintf(why, cap, "rank 0 %s, rank %d %s (device buffers of every rank must be on one backend)",
                      w->ops[0] ? "queues on a device backend" : "uses host synchronization", j,
-                     w->ops[j] ? w->ops[j] == w->ops[0] ? "too" : "queues on another device backend"
-                               : "uses host synchronization");
+                     !w->ops[j] ? "uses host synchronization"
+                     : w->ops[0] ? "queues on another device backend" : "queues on a device backend");
             return false;
         }
     return true;
@@ -307,9 +308,13 @@ static cp_status leave(local_comm *c, const cp_xfer *x, cp_status s)
 {
     world *w = c->w;
     /* My reads of peers' buffers must be complete before they may reuse
-     * them: on the host path now, in stream order for whoever reuses. */
-    if (s == CP_SUCCESS && x)
-        s = c->ordered ? mark(x, &c->copied) : x->backend->synchronize(x->backend_state);
+     * them: on the host path now, in stream order for whoever reuses. Also
+     * after a failure: some copies may be queued already. */
+    if (x) {
+        cp_status t = c->ordered ? mark(x, &c->copied) : x->backend->synchronize(x->backend_state);
+        if (s == CP_SUCCESS)
+            s = t;
+    }
     w->done[c->rank] = (int32_t)s;
     w->copied[c->rank] = c->copied;
     cp_status r = rendezvous(c, 0);
@@ -319,7 +324,7 @@ static cp_status leave(local_comm *c, const cp_xfer *x, cp_status s)
         if (w->done[j] != CP_SUCCESS && failed < 0)
             failed = j;
     if (c->ordered) {
-        if (s == CP_SUCCESS && r == CP_SUCCESS && failed < 0)
+        if (r == CP_SUCCESS)
             agg = after_readers(c);
         /* every peer has waited on my events once all are here again */
         cp_status t = rendezvous(c, 0);
