@@ -1,0 +1,452 @@
+/* SPDX-License-Identifier: MIT */
+/* The pretend asynchronous device of fakeasync.h: streams are FIFOs run by
+ * worker threads, events are (stream, position) pairs. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/context.h"
+#include "fakeasync.h"
+
+#define DEFAULT_MAX_DELAY_US 200
+
+typedef struct stream stream;
+
+typedef enum op_kind { OP_COPY, OP_MEMSET, OP_CONVERT, OP_REDUCE, OP_WAIT } op_kind;
+
+/* One queued operation; only the fields of its kind are set. */
+typedef struct op {
+    struct op *next;
+    op_kind kind;
+    void *dst;
+    const void *src;
+    size_t dpitch, spitch, width, height; /* copy; memset: width bytes */
+    int value;                            /* memset */
+    cp_dtype dtype, src_dtype;            /* convert: dst and src; reduce: dtype */
+    size_t count;
+    cp_reduce_op rop;
+    stream *on;      /* wait: the stream waited for (a reference held) ... */
+    uint64_t target; /* ... until it has run this many operations */
+} op;
+
+/*
+ * A stream outlives its state while events recorded on it or waits queued
+ * for it still name it (a peer's stream may wait for this one after this
+ * rank's state is gone): it is reference counted, and its count of
+ * operations run stays readable until the last reference goes.
+ */
+struct stream {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;     /* work queued, an operation done, or stop */
+    op *head, *tail;
+    uint64_t queued, done; /* operations queued and run so far */
+    cp_status error;       /* first failure of an operation, for the next drain */
+    bool stop;
+    atomic_int refs;       /* the state, events recorded on it, waits queued for it */
+    pthread_t worker;
+    uint64_t rng;          /* the worker's only */
+    int max_delay_us;
+};
+
+typedef struct state {
+    stream *streams[CP_BACKEND_MAX_STREAMS]; /* made on first use, but 0 */
+    int current;
+    unsigned seed;
+    int max_delay_us;
+} state;
+
+typedef struct event {
+    pthread_mutex_t mu; /* recorded by one rank's thread, waited for by others */
+    stream *on;         /* NULL until recorded */
+    uint64_t target;
+} event;
+
+/* ---- streams --------------------------------------------------------------- */
+
+static void stream_retain(stream *s)
+{
+    atomic_fetch_add(&s->refs, 1);
+}
+
+static void stream_release(stream *s)
+{
+    if (atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* xorshift64*: cheap, and the same delays for the same seed. */
+static unsigned next_delay_us(stream *s)
+{
+    if (s->max_delay_us <= 0)
+        return 0;
+    s->rng ^= s->rng >> 12;
+    s->rng ^= s->rng << 25;
+    s->rng ^= s->rng >> 27;
+    return (unsigned)((s->rng * 0x2545F4914F6CDD1DULL) >> 33) % ((unsigned)s->max_delay_us + 1);
+}
+
+static void pause_us(unsigned us)
+{
+    if (!us)
+        return;
+    struct timespec ts = { 0, (long)us * 1000L };
+    nanosleep(&ts, NULL);
+}
+
+static void copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height)
+{
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
+
+static cp_status run_op(const op *o)
+{
+    switch (o->kind) {
+    case OP_COPY:
+        copy_rows(o->dst, o->dpitch, o->src, o->spitch, o->width, o->height);
+        return CP_SUCCESS;
+    case OP_MEMSET:
+        memset(o->dst, o->value, o->width);
+        return CP_SUCCESS;
+    case OP_CONVERT:
+        return cpi_cpu_backend()->convert(NULL, o->dst, o->dtype, o->src, o->src_dtype, o->count);
+    case OP_REDUCE:
+        return cpi_cpu_backend()->reduce(NULL, o->dst, o->src, o->dtype, o->count, o->rop);
+    case OP_WAIT: {
+        /* Never this worker's own stream ahead of itself: the target was
+         * queued before this wait, so it has run already then. */
+        stream *t = o->on;
+        pthread_mutex_lock(&t->mu);
+        while (t->done < o->target)
+            pthread_cond_wait(&t->cv, &t->mu);
+        pthread_mutex_unlock(&t->mu);
+        stream_release(t);
+        return CP_SUCCESS;
+    }
+    }
+    return CP_ERROR_INTERNAL;
+}
+
+static void *worker_main(void *p)
+{
+    stream *s = p;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stop)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->head)
+            break;
+        op *o = s->head;
+        s->head = o->next;
+        if (!s->head)
+            s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        pause_us(next_delay_us(s));
+        cp_status st = run_op(o);
+        free(o);
+        pthread_mutex_lock(&s->mu);
+        if (st != CP_SUCCESS && s->error == CP_SUCCESS)
+            s->error = st;
+        s->done++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static cp_status stream_create(state *st, int index, stream **out)
+{
+    stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "fakeasync: out of memory for stream %d", index);
+    atomic_init(&s->refs, 1);
+    /* never 0, or xorshift would stay there */
+    s->rng = ((uint64_t)st->seed << 8 | (uint64_t)index) * 0x9E3779B97F4A7C15ULL + 1;
+    s->max_delay_us = st->max_delay_us;
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s);
+        return cpi_error(CP_ERROR_INTERNAL, "fakeasync: cannot make the lock of stream %d", index);
+    }
+    if (pthread_cond_init(&s->cv, NULL) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return cpi_error(CP_ERROR_INTERNAL, "fakeasync: cannot make the condition of stream %d", index);
+    }
+    if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
+        stream_release(s);
+        return cpi_error(CP_ERROR_INTERNAL, "fakeasync: cannot start the worker of stream %d", index);
+    }
+    *out = s;
+    return CP_SUCCESS;
+}
+
+/* Wait until s has run everything queued on it so far; report (once) an
+ * operation that failed meanwhile. */
+static cp_status drain(stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->queued;
+    while (s->done < target)
+        pthread_cond_wait(&s->cv, &s->mu);
+    cp_status e = s->error;
+    s->error = CP_SUCCESS;
+    pthread_mutex_unlock(&s->mu);
+    if (e != CP_SUCCESS)
+        return cpi_error(e, "fakeasync: an operation queued on the stream failed (%s)", cp_status_string(e));
+    return CP_SUCCESS;
+}
+
+static void stream_stop(stream *s)
+{
+    drain(s);
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->worker, NULL);
+    stream_release(s);
+}
+
+static cp_status enqueue(state *st, const op *tmpl)
+{
+    op *o = malloc(sizeof *o);
+    if (!o)
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "fakeasync: out of memory queueing an operation");
+    *o = *tmpl;
+    o->next = NULL;
+    stream *s = st->streams[st->current];
+    pthread_mutex_lock(&s->mu);
+    if (s->tail)
+        s->tail->next = o;
+    else
+        s->head = o;
+    s->tail = o;
+    s->queued++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return CP_SUCCESS;
+}
+
+/* ---- the table ----------------------------------------------------------- */
+
+cp_status fakeasync_open(unsigned seed, int max_delay_us, void **out)
+{
+    *out = NULL;
+    state *st = calloc(1, sizeof *st);
+    if (!st)
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "fakeasync: out of memory for a state");
+    st->seed = seed;
+    st->max_delay_us = max_delay_us;
+    cp_status s = stream_create(st, 0, &st->streams[0]);
+    if (s != CP_SUCCESS) {
+        free(st);
+        return s;
+    }
+    *out = st;
+    return CP_SUCCESS;
+}
+
+static cp_status fa_open(int device_index, void *foreign, int num_threads, void **out)
+{
+    (void)foreign;
+    (void)num_threads;
+    return fakeasync_open((unsigned)device_index, DEFAULT_MAX_DELAY_US, out);
+}
+
+static void fa_close(void *p)
+{
+    state *st = p;
+    if (!st)
+        return;
+    for (int i = 0; i < CP_BACKEND_MAX_STREAMS; i++)
+        if (st->streams[i])
+            stream_stop(st->streams[i]);
+    free(st);
+}
+
+static cp_status fa_set_stream(void *p, void *foreign)
+{
+    (void)p;
+    (void)foreign;
+    return CP_SUCCESS;
+}
+
+static cp_status fa_synchronize(void *p)
+{
+    state *st = p;
+    return drain(st->streams[st->current]);
+}
+
+static cp_status fa_alloc(void *p, size_t bytes, void **ptr)
+{
+    (void)p;
+    *ptr = malloc(bytes ? bytes : 1);
+    if (!*ptr)
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "fakeasync: out of memory allocating %zu bytes", bytes);
+    /* Garbage, but the same garbage each time: a read before any write is
+     * wrong data, not an uninitialised read under valgrind. */
+    memset(*ptr, 0xCD, bytes);
+    return CP_SUCCESS;
+}
+
+/* Like cudaFree: queued work may still use the memory, so wait for it. */
+static void fa_free(void *p, void *ptr)
+{
+    state *st = p;
+    if (!ptr)
+        return;
+    for (int i = 0; i < CP_BACKEND_MAX_STREAMS; i++)
+        if (st->streams[i])
+            drain(st->streams[i]);
+    free(ptr);
+}
+
+static cp_status fa_copy_2d(void *p, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                            size_t height, cp_copy_kind kind)
+{
+    state *st = p;
+    if (kind < CP_COPY_HOST_TO_HOST || kind > CP_COPY_DEVICE_TO_DEVICE)
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "fakeasync copy_2d: kind = %d", (int)kind);
+    if (width > dpitch && height > 1)
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "fakeasync copy_2d: width %zu > dpitch %zu", width, dpitch);
+    if (kind == CP_COPY_DEVICE_TO_DEVICE) {
+        op o = { .kind = OP_COPY, .dst = dst, .src = src, .dpitch = dpitch, .spitch = spitch, .width = width,
+                 .height = height };
+        return enqueue(st, &o);
+    }
+    /* Pageable host memory: after the stream's earlier work, before returning. */
+    CPI_TRY(drain(st->streams[st->current]));
+    copy_rows(dst, dpitch, src, spitch, width, height);
+    return CP_SUCCESS;
+}
+
+static cp_status fa_memset(void *p, void *dst, int value, size_t bytes)
+{
+    op o = { .kind = OP_MEMSET, .dst = dst, .value = value, .width = bytes };
+    return enqueue(p, &o);
+}
+
+static cp_status fa_convert(void *p, void *dst, cp_dtype dst_type, const void *src, cp_dtype src_type, size_t count)
+{
+    if (!cpi_dtype_valid(dst_type) || !cpi_dtype_valid(src_type))
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "fakeasync convert: dtypes %d <- %d", (int)dst_type,
+                         (int)src_type);
+    op o = { .kind = OP_CONVERT, .dst = dst, .src = src, .dtype = dst_type, .src_dtype = src_type, .count = count };
+    return enqueue(p, &o);
+}
+
+static cp_status fa_reduce(void *p, void *acc, const void *x, cp_dtype dtype, size_t count, cp_reduce_op op_)
+{
+    if (!cpi_dtype_valid(dtype) || (op_ != CP_REDUCE_SUM && op_ != CP_REDUCE_MAX))
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "fakeasync reduce: dtype %d, op %d", (int)dtype, (int)op_);
+    op o = { .kind = OP_REDUCE, .dst = acc, .src = x, .dtype = dtype, .count = count, .rop = op_ };
+    return enqueue(p, &o);
+}
+
+static cp_status fa_stream_select(void *p, int index)
+{
+    state *st = p;
+    if (index < 0 || index >= CP_BACKEND_MAX_STREAMS)
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "fakeasync stream_select: index = %d (must be in [0, %d))",
+                         index, CP_BACKEND_MAX_STREAMS);
+    if (!st->streams[index])
+        CPI_TRY(stream_create(st, index, &st->streams[index]));
+    st->current = index;
+    return CP_SUCCESS;
+}
+
+static cp_status fa_event_create(void *p, void **out)
+{
+    (void)p;
+    *out = NULL;
+    event *e = calloc(1, sizeof *e);
+    if (!e)
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "fakeasync: out of memory for an event");
+    if (pthread_mutex_init(&e->mu, NULL) != 0) {
+        free(e);
+        return cpi_error(CP_ERROR_INTERNAL, "fakeasync: cannot make the lock of an event");
+    }
+    *out = e;
+    return CP_SUCCESS;
+}
+
+static void fa_event_destroy(void *p, void *ev)
+{
+    (void)p;
+    event *e = ev;
+    if (!e)
+        return;
+    if (e->on)
+        stream_release(e->on);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+static cp_status fa_event_record(void *p, void *ev)
+{
+    state *st = p;
+    event *e = ev;
+    stream *s = st->streams[st->current];
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->queued;
+    pthread_mutex_unlock(&s->mu);
+    stream_retain(s);
+    pthread_mutex_lock(&e->mu);
+    stream *old = e->on;
+    e->on = s;
+    e->target = target;
+    pthread_mutex_unlock(&e->mu);
+    if (old)
+        stream_release(old);
+    return CP_SUCCESS;
+}
+
+static cp_status fa_event_wait(void *p, void *ev)
+{
+    event *e = ev;
+    pthread_mutex_lock(&e->mu);
+    op o = { .kind = OP_WAIT, .on = e->on, .target = e->target };
+    if (o.on)
+        stream_retain(o.on);
+    pthread_mutex_unlock(&e->mu);
+    if (!o.on)
+        return CP_SUCCESS; /* never recorded */
+    cp_status s = enqueue(p, &o);
+    if (s != CP_SUCCESS)
+        stream_release(o.on);
+    return s;
+}
+
+static const cp_backend_ops ops = {
+    .abi_version = CP_MODULE_ABI_VERSION,
+    .struct_size = sizeof(cp_backend_ops),
+    .name = "fakeasync",
+    .device = CP_DEVICE_CUDA,
+    .open = fa_open,
+    .close = fa_close,
+    .set_stream = fa_set_stream,
+    .synchronize = fa_synchronize,
+    .alloc = fa_alloc,
+    .free = fa_free,
+    .copy_2d = fa_copy_2d,
+    .memset = fa_memset,
+    .convert = fa_convert,
+    .reduce = fa_reduce,
+    .stream_select = fa_stream_select,
+    .event_create = fa_event_create,
+    .event_destroy = fa_event_destroy,
+    .event_record = fa_event_record,
+    .event_wait = fa_event_wait,
+};
+
+const cp_backend_ops *fakeasync_ops(void)
+{
+    return &ops;
+}

@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A pretend asynchronous device for tests: memory is host memory, but work
+ * runs later, on other threads, as on a GPU. It calls itself CP_DEVICE_CUDA
+ * and has events, so transports treat its buffers as device buffers and may
+ * order them on streams instead of waiting on the host.
+ *
+ * What it models:
+ *  - Streams: each state owns stream 0 (the default) and, through
+ *    stream_select, auxiliary streams 1 .. CP_BACKEND_MAX_STREAMS - 1 made on
+ *    first use. A stream is a FIFO of operations run by a worker thread of
+ *    its own, in order, each after a random delay (0 .. max_delay_us,
+ *    from a generator seeded per state and stream), so that work a caller
+ *    forgot to order runs in a different order from one run to the next and
+ *    shows up as wrong data.
+ *  - Queued on the current stream: device-to-device copy_2d, memset,
+ *    convert and reduce (the CPU backend's kernels, run by the worker).
+ *  - Host <-> device copy_2d (and host-to-host) behave like cudaMemcpyAsync
+ *    on pageable host memory: the stream is drained, then the copy is done
+ *    on the calling thread before it returns.
+ *  - synchronize waits until the current stream has run everything queued
+ *    on it so far (other streams are not waited for).
+ *  - alloc is immediate; free (like cudaFree) first drains every stream of
+ *    the state, then frees at once. Fresh memory holds 0xCD bytes.
+ *  - Events: a record notes "stream S has run N operations" (S the current
+ *    stream, N what was queued on it so far); event_wait queues on the
+ *    current stream an operation that blocks its worker until S has run N.
+ *    The event may belong to another state (another rank's), and may be
+ *    recorded again or destroyed while waits on it are pending: a wait keeps
+ *    what the event marked when it was queued. Waiting for an event never
+ *    recorded is a no-op, as in CUDA.
+ *
+ * What it does not model: separate address spaces (the host may read device
+ * memory without a copy, so code that does that is not caught here; see
+ * fakedev.h for that), pinned host memory and truly asynchronous host
+ * copies, one device shared by several states (free drains only its own
+ * state's streams), asynchronous error reporting (arguments are checked
+ * when an operation is queued), set_stream (foreign streams are ignored),
+ * and the attention kernels (their slots are NULL).
+ */
+#ifndef INFINICP_TEST_FAKEASYNC_H
+#define INFINICP_TEST_FAKEASYNC_H
+
+#include <infinicp/backend.h>
+
+/* The table. Its open() makes a state whose seed is the device index and
+ * whose delays are up to 200 us. */
+const cp_backend_ops *fakeasync_ops(void);
+
+/* A state with delays of up to max_delay_us before each operation (0: none),
+ * drawn from a generator seeded with seed; close with fakeasync_ops()->close. */
+cp_status fakeasync_open(unsigned seed, int max_delay_us, void **state);
+
+#endif
