@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
     }
     if (p.grad_accumulate && i_first >= p.Sq)
         return; // no query sees these keys: nothing to add
-    store_dkdv_rows(p, adk, adv, b, hk, jrow0, c0, tq);
+    store_dkdv_rows<(DP <= 128)>(p, adk, adv, b, hk, jrow0, c0, tq); // D = 256: no registers for batching
 }
 
 template <typename T, int DP>
