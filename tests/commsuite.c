@@ -369,8 +369,9 @@ static bool run_init(run *r, cp_comm *c, const suite_mem *m, int timeout_ms)
     return true;
 }
 
-/* Every collective; `big` adds reductions that cross the local transport's
- * staging chunk (65536 elements) on both the widened and the plain path. */
+/* Every collective; `big` adds reductions that the local transport stages
+ * in several chunks (a quarter of the block each, the last one short) on
+ * both the widened and the plain path. */
 static void collectives(run *r, uint32_t salt, bool big)
 {
     static const size_t byte_sizes[] = { 0, 1, 37, 4099 };

@@ -49,9 +49,13 @@
 /* Ranks of one in-process world; each needs a thread of its own. */
 #define LOCAL_MAX_RANKS 4096
 
-/* Elements widened and reduced per step: bounds the staging beyond the
- * full-size accumulator. */
-#define REDUCE_CHUNK ((size_t)1 << 16)
+/* Elements widened and reduced per step: a quarter of the block (at least
+ * 4096), so the staging beyond the full-size accumulator stays a fraction of
+ * it while a device reduction takes a few large steps, not thousands of
+ * small launches (a reduce-scatter of 16M elements a rank took 3k launches
+ * per peer in steps of 64k). */
+#define REDUCE_MIN_CHUNK ((size_t)4096)
+#define REDUCE_PIECES 4
 
 typedef struct world world;
 
@@ -481,7 +485,9 @@ static cp_status stage_alloc(const cp_xfer *x, size_t count, cp_dtype dtype, sta
     st->dtype = dtype;
     st->wide = dtype == CP_DTYPE_F16 || dtype == CP_DTYPE_BF16 ? CP_DTYPE_F32 : dtype;
     st->count = count;
-    st->chunk = count < REDUCE_CHUNK ? count : REDUCE_CHUNK;
+    st->chunk = (count + REDUCE_PIECES - 1) / REDUCE_PIECES;
+    if (st->chunk < REDUCE_MIN_CHUNK)
+        st->chunk = count < REDUCE_MIN_CHUNK ? count : REDUCE_MIN_CHUNK;
     size_t esize = cpi_dtype_size(dtype), wsize = cpi_dtype_size(st->wide), acc_bytes;
     if (!cpi_mul(count, wsize, &acc_bytes))
         return cpi_error(CP_ERROR_INVALID_ARGUMENT, "local reduction: count = %zu overflows", count);
