@@ -2,7 +2,7 @@
 # CP on one GPU (local transport, every rank a thread on device 0):
 #  1. peak device memory per rank of p2p zigzag at S = 128k, CP = 8, against
 #     the analytical minimum (inputs + outputs + double buffers);
-#  2. CP=4 against CP=1 at S = 32k tokens, every mode and layout, causal and
+#  2. CP=4 against CP=1 at S = 32k tokens (a stream of its own per rank), every mode and layout, causal and
 #     no mask (issue target: p2p zigzag and a2a within 1.10x of CP=1).
 # Builds like bench/bench.sh; output goes to the folder given as $1 (default
 # bench-logs): cp4.txt, memory.txt.
