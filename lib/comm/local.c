@@ -316,6 +316,8 @@ static cp_status leave(local_comm *c, const cp_xfer *x, cp_status s)
      * after a failure: some copies may be queued already. */
     if (x) {
         cp_status t = c->ordered ? mark(x, &c->copied) : x->backend->synchronize(x->backend_state);
+        if (t != CP_SUCCESS && c->ordered)
+            (void)x->backend->synchronize(x->backend_state); /* no event: finish the reads here */
         if (s == CP_SUCCESS)
             s = t;
     }
