@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* Helpers shared by the CMocka suites. Include after <cmocka.h>. */
+/* Helpers shared by the test programs. EXPECT_ERROR needs <cmocka.h> included before this header; the rest does
+ * not, so programs without CMocka (test-mpi-fault) can use them too. */
 #ifndef INFINICP_TESTUTIL_H
 #define INFINICP_TESTUTIL_H
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <infinicp/infinicp.h>
 
@@ -23,5 +25,13 @@
         if (!strstr(expect_e_, (needle)))                                                \
             fail_msg("%s: message \"%s\" does not name \"%s\"", #call, expect_e_, (needle)); \
     } while (0)
+
+/* Milliseconds on the monotonic clock, for timing waits and deadlines (the wall clock may jump). */
+static inline double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 
 #endif
