@@ -30,13 +30,6 @@ enum { P = 4, S = 32, H = 4, HKV = 2, D = 8, VICTIM = 2 };
 #define TIMEOUT_MS 400
 #define SLACK_MS 5000
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };

@@ -978,18 +978,8 @@ static void row_attn_backward(void **state)
 
 static cp_kernel_attn_args valid_kernel_args(void)
 {
-    cp_kernel_attn_args a = CP_KERNEL_ATTN_ARGS_INIT;
-    a.dtype = CP_DTYPE_F32;
-    a.batch = KB;
-    a.num_heads = KH;
-    a.num_kv_heads = KHKV;
-    a.head_dim = KD;
-    a.seq_q = KSQ;
-    a.seq_k = KSK;
-    a.mask = CP_MASK_CAUSAL;
-    a.q = buf.q, a.k = buf.k, a.v = buf.v, a.o = buf.o, a.o_dtype = CP_DTYPE_F32, a.lse = buf.lse;
-    a.dout = buf.dout, a.dq = buf.dq, a.dk = buf.dk, a.dv = buf.dv, a.grad_dtype = CP_DTYPE_F32;
-    return a;
+    return f32_kernel_attn_args(KB, KH, KHKV, KD, KSQ, KSK, buf.q, buf.k, buf.v, buf.o, buf.lse, buf.dout, buf.dq,
+                                buf.dk, buf.dv);
 }
 
 /* The first published cp_kernel_attn_args ends at workspace_bytes. */

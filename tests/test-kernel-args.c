@@ -52,19 +52,9 @@ static int teardown(void **state)
 
 static cp_kernel_attn_args valid_args(void)
 {
-    cp_kernel_attn_args a = CP_KERNEL_ATTN_ARGS_INIT;
-    a.dtype = CP_DTYPE_F32;
-    a.format = CP_FORMAT_BSHD;
-    a.batch = B;
-    a.num_heads = H;
-    a.num_kv_heads = HKV;
-    a.head_dim = D;
-    a.head_dim_v = DV;
-    a.seq_q = SQ;
-    a.seq_k = SK;
-    a.mask = CP_MASK_CAUSAL;
-    a.q = buf.q, a.k = buf.k, a.v = buf.v, a.o = buf.o, a.o_dtype = CP_DTYPE_F32, a.lse = buf.lse;
-    a.dout = buf.dout, a.dq = buf.dq, a.dk = buf.dk, a.dv = buf.dv, a.grad_dtype = CP_DTYPE_F32;
+    cp_kernel_attn_args a = f32_kernel_attn_args(B, H, HKV, D, SQ, SK, buf.q, buf.k, buf.v, buf.o, buf.lse, buf.dout,
+                                                 buf.dq, buf.dk, buf.dv);
+    a.head_dim_v = DV; /* this suite gives v, o and dv a head dim of their own (DV, see buf) */
     return a;
 }
 

@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -28,19 +27,13 @@
 #include <infinicp/mpi.h>
 
 #include "faulty.h"
+#include "testutil.h"
 
 enum { P = 4, S = 32, H = 4, HKV = 2, D = 8, VICTIM = 2 };
 
 #define TIMEOUT_MS 3000
 /* mpirun's own start and end, and a slow (sanitized) build */
 #define MARGIN_MS 60000
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* ---- a rank ------------------------------------------------------------- */
 

@@ -250,21 +250,9 @@ typedef struct fork_bufs {
 
 static cp_status fork_run(cp_context *ctx, fork_bufs *r)
 {
-    cp_kernel_attn_args a = CP_KERNEL_ATTN_ARGS_INIT;
-    a.dtype = CP_DTYPE_F32;
-    a.format = CP_FORMAT_BSHD;
-    a.batch = B;
-    a.num_heads = H;
-    a.num_kv_heads = HKV;
-    a.head_dim = D;
-    a.seq_q = a.seq_k = S;
-    a.mask = CP_MASK_CAUSAL;
-    a.q = r->q;
-    a.k = r->k;
-    a.v = r->v;
-    a.o = r->out;
-    a.o_dtype = CP_DTYPE_F32;
-    a.lse = r->lse;
+    /* the gradient buffers join only for the backward: the forward gets none */
+    cp_kernel_attn_args a =
+        f32_kernel_attn_args(B, H, HKV, D, S, S, r->q, r->k, r->v, r->out, r->lse, NULL, NULL, NULL, NULL);
     cp_status s = cp_kernel_attn_forward(ctx, &a);
     if (s != CP_SUCCESS)
         return s;
@@ -272,7 +260,6 @@ static cp_status fork_run(cp_context *ctx, fork_bufs *r)
     a.dq = r->dq;
     a.dk = r->dk;
     a.dv = r->dv;
-    a.grad_dtype = CP_DTYPE_F32;
     return cp_kernel_attn_backward(ctx, &a);
 }
 

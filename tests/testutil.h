@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* Helpers shared by the CMocka suites. Include after <cmocka.h>. */
+/* Helpers shared by the test programs. EXPECT_ERROR needs <cmocka.h> included before this header; the rest does
+ * not, so programs without CMocka (test-mpi-fault) can use them too. */
 #ifndef INFINICP_TESTUTIL_H
 #define INFINICP_TESTUTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <infinicp/infinicp.h>
 
@@ -23,5 +26,38 @@
         if (!strstr(expect_e_, (needle)))                                                \
             fail_msg("%s: message \"%s\" does not name \"%s\"", #call, expect_e_, (needle)); \
     } while (0)
+
+/* Milliseconds on the monotonic clock, for timing waits and deadlines (the wall clock may jump). */
+static inline double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* A valid F32 call of the single-device kernels on the given shape and buffers: dense BSHD (zero strides, so the
+ * kernels derive them from the shape), causal mask from offset 0, the default softmax scale, head_dim_v = head_dim,
+ * o and the gradients in F32, nothing accumulated, no workspace. Pass NULL for dout, dq, dk and dv where only the
+ * forward runs. Suites change single fields of the result to build the cases they test, so everything not set here
+ * stays as CP_KERNEL_ATTN_ARGS_INIT leaves it. */
+static inline cp_kernel_attn_args f32_kernel_attn_args(int64_t batch, int32_t num_heads, int32_t num_kv_heads,
+                                                       int32_t head_dim, int64_t seq_q, int64_t seq_k, const float *q,
+                                                       const float *k, const float *v, float *o, float *lse,
+                                                       const float *dout, float *dq, float *dk, float *dv)
+{
+    cp_kernel_attn_args a = CP_KERNEL_ATTN_ARGS_INIT;
+    a.dtype = CP_DTYPE_F32;
+    a.format = CP_FORMAT_BSHD;
+    a.batch = batch;
+    a.num_heads = num_heads;
+    a.num_kv_heads = num_kv_heads;
+    a.head_dim = head_dim;
+    a.seq_q = seq_q;
+    a.seq_k = seq_k;
+    a.mask = CP_MASK_CAUSAL;
+    a.q = q, a.k = k, a.v = v, a.o = o, a.o_dtype = CP_DTYPE_F32, a.lse = lse;
+    a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv, a.grad_dtype = CP_DTYPE_F32;
+    return a;
+}
 
 #endif
