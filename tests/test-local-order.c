@@ -6,7 +6,8 @@
  * where every rank keeps queueing work on its buffers right after each
  * collective, which give wrong data unless readers wait for owners and
  * owners for readers; the same on the host path (INFINICP_LOCAL_HOST_SYNC=1);
- * ranks that disagree on the ordering. The pretend device itself comes first.
+ * ranks that disagree on the ordering; a rank that never arrives. The
+ * pretend device itself comes first.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -23,6 +24,7 @@
 #include "comm/group.h"
 #include "commsuite.h"
 #include "fakeasync.h"
+#include "testutil.h"
 
 #define MAX_RANKS 4
 #define MAX_DELAY_US 200
@@ -554,6 +556,76 @@ static void test_order_mismatch(void **unused)
     }
 }
 
+/* ---- a rank that never arrives ------------------------------------------ */
+
+#define STALL_TIMEOUT_MS 200
+
+typedef struct stall_arg {
+    cp_status got[MAX_RANKS], again[MAX_RANKS];
+    double ms[MAX_RANKS];
+} stall_arg;
+
+/* The last rank stops before the exchange; the others have queued work on
+ * their send buffers and posted their events when they give up. */
+static void stall_rank(int rank, int size, cp_comm *c, void *dev, void *p)
+{
+    stall_arg *a = p;
+    if (rank == size - 1)
+        return;
+    const cp_backend_ops *f = fakeasync_ops();
+    cp_xfer x = { f, dev, STALL_TIMEOUT_MS };
+    void *send = must_alloc(f, dev, 64), *recv = must_alloc(f, dev, 64);
+    assert_int_equal(f->memset(dev, send, rank + 1, 64), CP_SUCCESS);
+    double t0 = now_ms();
+    a->got[rank] = cpi_sendrecv(c, &x, send, 64, (rank + 1) % size, recv, 64, (rank + size - 1) % size);
+    a->ms[rank] = now_ms() - t0;
+    a->again[rank] = cpi_all_gather(c, &x, send, recv, 16); /* the world is broken now */
+    f->free(dev, send);
+    f->free(dev, recv);
+}
+
+/* One all_gather whose data is checked: ok[rank]. */
+static void gather_rank(int rank, int size, cp_comm *c, void *dev, void *p)
+{
+    bool *ok = p;
+    const cp_backend_ops *f = fakeasync_ops();
+    cp_xfer y = { f, dev, LONG_TIMEOUT_MS };
+    unsigned char seen[8 * MAX_RANKS];
+    void *one = must_alloc(f, dev, 8), *all = must_alloc(f, dev, 8 * (size_t)size);
+    f->memset(dev, one, 0x40 + rank, 8);
+    cp_status s = cpi_all_gather(c, &y, one, all, 8);
+    f->copy_2d(dev, seen, 8 * (size_t)size, all, 8 * (size_t)size, 8 * (size_t)size, 1, CP_COPY_DEVICE_TO_HOST);
+    ok[rank] = s == CP_SUCCESS;
+    for (int j = 0; j < size * 8; j++)
+        if (seen[j] != 0x40 + j / 8)
+            ok[rank] = false;
+    f->free(dev, one);
+    f->free(dev, all);
+}
+
+/* In stream order too, the ranks a peer leaves waiting fail with
+ * CP_ERROR_TIMEOUT within the timeout, everything they made in the call
+ * goes (valgrind and ASan watch), later calls fail at once, and a new world
+ * works. */
+static void test_stalled_rank(void **unused)
+{
+    (void)unused;
+    stall_arg a;
+    memset(&a, 0, sizeof a);
+    run_world(3, false, 600, stall_rank, &a);
+    for (int r = 0; r < 2; r++) {
+        if (a.got[r] != CP_ERROR_TIMEOUT)
+            fail_msg("rank %d: %s, want CP_ERROR_TIMEOUT", r, cp_status_string(a.got[r]));
+        if (!(a.ms[r] >= STALL_TIMEOUT_MS - 5 && a.ms[r] < STALL_TIMEOUT_MS + 2000))
+            fail_msg("rank %d gave up after %.1f ms (timeout %d ms)", r, a.ms[r], STALL_TIMEOUT_MS);
+        assert_int_not_equal(a.again[r], CP_SUCCESS);
+    }
+    bool ok[MAX_RANKS] = { false };
+    run_world(3, false, 601, gather_rank, ok);
+    for (int r = 0; r < 3; r++)
+        assert_true(ok[r]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -563,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_rings),
         cmocka_unit_test(test_rings_host_sync),
         cmocka_unit_test(test_order_mismatch),
+        cmocka_unit_test(test_stalled_rank),
     };
     return cmocka_run_group_tests_name("local-order", tests, NULL, NULL);
 }
