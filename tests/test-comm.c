@@ -66,12 +66,6 @@ static void run_world(int n, rank_fn fn, void *arg)
         cp_comm_destroy(comms[i]);
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
 /* ---- the collective suite ------------------------------------------------ */
 
 typedef struct suite_arg {

@@ -30,12 +30,6 @@ enum { P = 4, S = 32, H = 4, HKV = 2, D = 8, VICTIM = 2 };
 #define TIMEOUT_MS 400
 #define SLACK_MS 5000
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
 /* The whole sequence, every rank reads its share (contiguous layout, batch 1:
  * rank r's tokens are rows [r*S/P, (r+1)*S/P)). */
 static float gq[S * H * D], gk[S * HKV * D], gv[S * HKV * D], gdo[S * H * D];

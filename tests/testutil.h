@@ -35,6 +35,13 @@ static inline double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Sleep for ms milliseconds (a late or stalled rank in the transport tests). */
+static inline void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
 /* A valid F32 call of the single-device kernels on the given shape and buffers: dense BSHD (zero strides, so the
  * kernels derive them from the shape), causal mask from offset 0, the default softmax scale, head_dim_v = head_dim,
  * o and the gradients in F32, nothing accumulated, no workspace. Pass NULL for dout, dq, dk and dv where only the
