@@ -326,8 +326,8 @@ static cp_status leave(local_comm *c, const cp_xfer *x, cp_status s)
     cp_status r = rendezvous(c, 0);
     cp_status agg = CP_SUCCESS;
     int failed = -1;
-    for (int j = 0; j < w->size && r == CP_SUCCESS; j++)
-        if (w->done[j] != CP_SUCCESS && failed < 0)
+    for (int j = 0; j < w->size && r == CP_SUCCESS && failed < 0; j++)
+        if (w->done[j] != CP_SUCCESS)
             failed = j;
     if (c->ordered) {
         if (r == CP_SUCCESS)
