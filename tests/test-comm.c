@@ -200,17 +200,22 @@ static void test_timeout(void **state)
     double t0 = now_ms();
     run_world(4, timeout_rank, &a);
     double total = now_ms() - t0;
+    /* the first rank to time out wakes the others, so only the longest
+     * wait is bounded below by the timeout (ranks start at different times) */
+    double longest = 0;
     for (int r = 0; r < 4; r++) {
         if (r == a.absent)
             continue;
         assert_int_equal(a.status[r], CP_ERROR_TIMEOUT);
-        assert_true(a.waited_ms[r] >= SHORT_TIMEOUT_MS * 0.9);
+        if (a.waited_ms[r] > longest)
+            longest = a.waited_ms[r];
         /* the message names the rank that never came (last in the list) */
         assert_non_null(strstr(a.message[r], "timed out after 200 ms"));
         size_t len = strlen(a.message[r]);
         assert_true(strstr(a.message[r], "rank(s) ") && a.message[r][len - 1] == '3');
         assert_int_equal(a.again[r], CP_ERROR_TIMEOUT);
     }
+    assert_true(longest >= SHORT_TIMEOUT_MS * 0.9);
     assert_true(total < 10000); /* nothing waited for the long timeout */
 
     /* the broken world is gone; a new one works */
