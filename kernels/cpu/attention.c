@@ -259,19 +259,24 @@ static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i
     const int D = p->D, Dv = p->Dv, dv16 = (int)cpi_pad16(Dv), bq16 = (int)cpi_pad16(FWD_BQ);
     const int kvh = h / p->G;
     int nq = (int)(p->Sq - i0 < FWD_BQ ? p->Sq - i0 : FWD_BQ);
+    /* Columns of the tile in use: a short unit (the last query tile, or a
+     * CP block of few tokens) touches only the vectors its queries fill. */
+    const int w = (int)cpi_pad16(nq);
 
-    /* Q^T, scaled into base 2; padding columns stay 0 */
-    memset(f->qt, 0, sizeof(float) * (size_t)D * bq16);
+    /* Q^T, scaled into base 2; padding columns up to w are 0 */
     for (int i = 0; i < nq; i++) {
         t->load(f->row, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)D, p->c);
         for (int d = 0; d < D; d++)
             f->qt[(size_t)d * bq16 + i] = f->row[d];
     }
-    for (int i = 0; i < bq16; i++) {
+    if (nq < w)
+        for (int d = 0; d < D; d++)
+            memset(f->qt + (size_t)d * bq16 + nq, 0, sizeof(float) * (size_t)(w - nq));
+    for (int i = 0; i < w; i++) {
         f->m[i] = -INFINITY;
         f->l[i] = 0;
     }
-    memset(f->o, 0, sizeof(float) * (size_t)FWD_BQ * dv16);
+    memset(f->o, 0, sizeof(float) * (size_t)nq * dv16);
 
     int64_t kend = visible_keys(p, i0 + nq - 1);
     for (int64_t k0 = 0; k0 < kend; k0 += FWD_BK) {
@@ -290,10 +295,10 @@ static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i
             c0 = (int)(hidden < nq ? hidden : nq); /* < nq: the last query sees key k0 */
         }
         float *st = f->st + c0;
-        t->gemm(nk, bq16 - c0, D, f->kp, D, 1, f->qt + c0, bq16, st, bq16, 0);
+        t->gemm(nk, w - c0, D, f->kp, D, 1, f->qt + c0, bq16, st, bq16, 0);
         if (p->causal && k0 + nk - 1 > i0 + c0 + p->delta)
-            fwd_mask(p, st, nk, bq16, bq16 - c0, k0, i0 + c0);
-        t->softmax_fwd(st, nk, bq16 - c0, bq16, f->m + c0, f->l + c0, f->alpha + c0);
+            fwd_mask(p, st, nk, bq16, w - c0, k0, i0 + c0);
+        t->softmax_fwd(st, nk, w - c0, bq16, f->m + c0, f->l + c0, f->alpha + c0);
         t->scale_rows(f->o + (size_t)c0 * dv16, nq - c0, dv16, dv16, f->alpha + c0);
         t->gemm(nq - c0, dv16, nk, st, 1, bq16, f->vp, dv16, f->o + (size_t)c0 * dv16, dv16, 1);
     }
