@@ -1105,9 +1105,16 @@ static void row_kernel_attn_backward(void **state)
         INT_CASE(KA, grad_dtype, 9, E, "a->grad_dtype = 9"),
         INT_CASE(KA, grad_accumulate, 2, E, "a->grad_accumulate = 2"),
         INT_CASE(KA, dk_stride_h, -1, E, "a->dk_stride_h = -1"),
+        INT_CASE(KA, drow_ready, 2, E, "a->drow_ready = 2"),
+        INT_CASE(KA, drow_ready, -1, E, "a->drow_ready = -1"),
+        INT_CASE(KA, drow_ready, 1, E, "a->drow is NULL but a->drow_ready = 1"),
     };
     run_field_cases(&a, sizeof a, cases, sizeof cases / sizeof cases[0], call_kernel_backward);
     run_struct_sizes("a", &a, sizeof a, KERNEL_ARGS_V1, call_kernel_backward);
+    /* the optional rowsum buffer, misaligned */
+    a.drow = (float *)((char *)buf.part + 2);
+    HOSTILE(call_kernel_backward(&a), E, "a->drow = ");
+    a.drow = NULL;
     a = kernel_args_with_workspace();
     if (a.workspace) {
         a.workspace_bytes = 1;

@@ -885,6 +885,106 @@ static void test_backward_accumulate(void **state)
     }
 }
 
+/* Tensors' bits equal (the elements, not the gaps). */
+static int same_bits(const tensor *x, const tensor *y)
+{
+    for (int64_t b = 0; b < x->B; b++)
+        for (int64_t i = 0; i < x->S; i++)
+            for (int64_t h = 0; h < x->H; h++)
+                for (int64_t d = 0; d < x->D; d++) {
+                    size_t e = elem_index(x, b, i, h, d) * ref_dtype_size(x->t);
+                    if (memcmp((const char *)x->buf + e, (const char *)y->buf + e, ref_dtype_size(x->t)))
+                        return 0;
+                }
+    return 1;
+}
+
+/* rowsum(dO * O) reused across key blocks (cp_kernel_attn_args.drow): the
+ * first call stores it (laid out like lse), later calls read it, and the
+ * gradients come out bit for bit as when every call computes its own. The
+ * stored values match the FP64 rowsum of the inputs as stored, and a call
+ * that reads really uses them (shifted values change dQ). */
+static void test_backward_drow(void **state)
+{
+    (void)state;
+    kcase cases[] = {
+        make_case(1, 50, 120, 4, 2, 16, 8, 70, 0, 1, CP_DTYPE_F32, LAYOUT_BSHD),
+        make_case(2, 31, 77, 2, 1, 8, 8, 0, 0, 0, CP_DTYPE_BF16, LAYOUT_PADDED),
+    };
+    const int64_t cuts[][4] = {{0, 40, 100, 120}, {0, 30, 31, 77}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        cases[ci].grad_dtype = CP_DTYPE_F32;
+        fixture f;
+        fixture_init(&f, &cases[ci], 60 + ci);
+        const ref_attn_shape *s = &f.c.s;
+        tensor o = reference_o(&f, f.c.o_dtype);
+        float *lse = reference_lse(&f);
+        const size_t nrows = ref_attn_lse_elems(s);
+        /* the FP64 rowsum of dO and O as the kernels read them */
+        double *ref = calloc(nrows, sizeof(double)), *ov = read_tensor(&o), *dov = read_tensor(&f.tdo);
+        assert_non_null(ref);
+        for (int64_t b = 0; b < s->batch; b++)
+            for (int h = 0; h < s->heads; h++)
+                for (int64_t i = 0; i < s->seq_q; i++) {
+                    size_t e = (((size_t)b * (size_t)s->seq_q + (size_t)i) * (size_t)s->heads + (size_t)h) *
+                               (size_t)s->head_dim_v;
+                    double acc = 0;
+                    for (int d = 0; d < s->head_dim_v; d++)
+                        acc += dov[e + (size_t)d] * ov[e + (size_t)d];
+                    ref[((size_t)b * (size_t)s->heads + (size_t)h) * (size_t)s->seq_q + (size_t)i] = acc;
+                }
+        for (int xi = 0; xi < nctx; xi++) {
+            cp_context *ctx = ctxs[xi].ctx;
+            grads plain = new_grads(&f, CP_DTYPE_F32), reuse = new_grads(&f, CP_DTYPE_F32);
+            float *drow = new_lse(s, NAN);
+            for (int n = 0; n < 3; n++) {
+                grads *gs[2] = {&plain, &reuse};
+                for (int v = 0; v < 2; v++) {
+                    if (n == 0)
+                        fill_tensor(&gs[v]->dq, 0), fill_tensor(&gs[v]->dk, 0), fill_tensor(&gs[v]->dv, 0);
+                    cp_kernel_attn_args a = backward_args(&f, &o, lse, gs[v]);
+                    restrict_keys(&a, &f, cuts[ci][n], cuts[ci][n + 1], gs[v]);
+                    a.grad_accumulate = 1;
+                    if (v == 1) {
+                        a.drow = drow;
+                        a.drow_ready = n > 0;
+                    }
+                    backward_ok(ctx, &a);
+                }
+            }
+            if (!same_bits(&plain.dq, &reuse.dq) || !same_bits(&plain.dk, &reuse.dk) ||
+                !same_bits(&plain.dv, &reuse.dv))
+                fail_msg("case %zu on %s: gradients with the stored rowsum differ from computing it per call", ci,
+                         ctxs[xi].name);
+            for (size_t r = 0; r < nrows; r++)
+                if (!(fabs(drow[r] - ref[r]) <= 1e-5 * (1 + fabs(ref[r]))))
+                    fail_msg("case %zu on %s: stored rowsum[%zu] = %.9g, FP64 %.9g", ci, ctxs[xi].name, r,
+                             (double)drow[r], ref[r]);
+            /* a reading call uses what it is given */
+            for (size_t r = 0; r < nrows; r++)
+                drow[r] += 1.0f;
+            fill_tensor(&reuse.dq, 0), fill_tensor(&reuse.dk, 0), fill_tensor(&reuse.dv, 0);
+            cp_kernel_attn_args a = backward_args(&f, &o, lse, &reuse);
+            a.drow = drow;
+            a.drow_ready = 1;
+            backward_ok(ctx, &a);
+            double *got = read_tensor(&reuse.dq);
+            double e = rel_err(got, f.dq, ref_attn_q_elems(s), 1e-3);
+            if (!(e > 10 * tol_for(f.c.o_dtype, 1)))
+                fail_msg("case %zu on %s: dQ from a shifted rowsum is within %.3g of the true one", ci,
+                         ctxs[xi].name, e);
+            free(got);
+            free(drow);
+            free_grads(&plain);
+            free_grads(&reuse);
+        }
+        free(ref), free(ov), free(dov);
+        free(lse);
+        free_tensor(&o);
+        fixture_free(&f);
+    }
+}
+
 /* The reference's own backward against central differences of its loss
  * sum(dO * O), in F64 on tiny shapes (with a row that sees no key). */
 static void test_reference_gradient(void **state)
@@ -941,6 +1041,7 @@ int main(void)
         cmocka_unit_test(test_hidden_blocks),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_backward_accumulate),
+        cmocka_unit_test(test_backward_drow),
     };
     return cmocka_run_group_tests(tests, setup_contexts, teardown_contexts);
 }

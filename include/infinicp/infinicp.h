@@ -708,6 +708,20 @@ typedef struct cp_kernel_attn_args {
      * per merge. Start it at 0 next to lse = -inf. NULL: plain float lse.
      */
     float *lse_lo;
+
+    /**
+     * backward only, optional: rowsum(dout * o) of every query row (F32,
+     * laid out like @c lse, with lse's strides). The backward needs it for
+     * every call and it depends on the query rows only, so a caller that
+     * runs the same rows against several key blocks (a CP ring) computes it
+     * once: with @c drow_ready = 0 the kernel stores the rowsums it
+     * computes here; with 1 it reads them from here instead. NULL: computed
+     * by every call. A backend may ignore both fields (it then always
+     * computes, and with 0 may leave drow unwritten), so only pass 1 for
+     * rows that an earlier call on the same context's backend stored.
+     */
+    float *drow;
+    int drow_ready; /**< 0: store into @c drow; 1: read from it (needs drow) */
 } cp_kernel_attn_args;
 
 /** Zero every field but struct_size, without -Wmissing-field-initializers (helper of the *_INIT macros). */

@@ -92,6 +92,8 @@ typedef struct {
     tview q, k, v, o, dout, dq, dk, dv;
     float *lse, *lse_lo;
     int64_t lse_sb, lse_sh;
+    float *drow; /* rowsum(dO * O) laid out like lse, or NULL */
+    int drow_ready; /* 1: read drow; 0: store into it */
     int accumulate, grad_accumulate;
 } problem;
 
@@ -127,6 +129,8 @@ static problem make_problem(const cpi_tile_ops *t, const cp_kernel_attn_args *a,
         p.dk = make_view(a->dk, a->grad_dtype, a->dk_stride_b, a->dk_stride_s, a->dk_stride_h);
         p.dv = make_view(a->dv, a->grad_dtype, a->dv_stride_b, a->dv_stride_s, a->dv_stride_h);
         p.grad_accumulate = a->grad_accumulate;
+        p.drow = a->drow;
+        p.drow_ready = a->drow_ready;
     }
     return p;
 }
@@ -513,11 +517,18 @@ static void bwd_prepare_task(void *arg, int tid, int nt)
     for (int64_t r = lo; r < hi; r++) {
         int64_t i = r % p->Sq, bh = r / p->Sq, b = bh / p->H;
         int h = (int)(bh % p->H);
-        /* the dO tile is free here: its first two rows convert dO and O */
-        float *x = f->dop, *y = f->dop + cpi_pad16(p->Dv);
-        p->t->load(x, row_at(&p->dout, b, i, h), p->dout.t, (size_t)p->Dv, (size_t)p->Dv, 1.0f);
-        p->t->load(y, row_at(&p->o, b, i, h), p->o.t, (size_t)p->Dv, (size_t)p->Dv, 1.0f);
-        job->drow[r] = p->t->dot(x, y, (size_t)p->Dv);
+        float *given = p->drow ? p->drow + (lse_at(p, b, h) - p->lse) + i : NULL;
+        if (given && p->drow_ready) {
+            job->drow[r] = *given; /* an earlier call over these rows stored it */
+        } else {
+            /* the dO tile is free here: its first two rows convert dO and O */
+            float *x = f->dop, *y = f->dop + cpi_pad16(p->Dv);
+            p->t->load(x, row_at(&p->dout, b, i, h), p->dout.t, (size_t)p->Dv, (size_t)p->Dv, 1.0f);
+            p->t->load(y, row_at(&p->o, b, i, h), p->o.t, (size_t)p->Dv, (size_t)p->Dv, 1.0f);
+            job->drow[r] = p->t->dot(x, y, (size_t)p->Dv);
+            if (given)
+                *given = job->drow[r];
+        }
         float lse = lse_at(p, b, h)[i];
         job->lse2[r] = lse == -INFINITY ? INFINITY : (float)(lse * LOG2E);
     }

@@ -282,6 +282,9 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     scratch w;
     if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
         return r;
+    // rowsum(dO * O) is computed here for every call: the caller's
+    // a->drow / a->drow_ready (computed once per CP backward on the CPU) are
+    // not used yet - taking them needs a run on a GPU first (bench/NOTES.md).
     p.drow = static_cast<float *>(w.base);
     r = launch_drow(s, p);
     if (r == CP_SUCCESS) {

@@ -6,6 +6,8 @@
  * The gathered blocks stay in rank order; p->sub[r] says which global
  * positions block r holds, so no reordering copy is needed.
  */
+#include <stdlib.h>
+
 #include "attn/plan.h"
 
 typedef struct gathered {
@@ -72,6 +74,7 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
     cpi_tensor dq32 = cpi_tensor_take(p, ws, p->s_loc, d->num_heads, d->head_dim, CP_DTYPE_F32);
     cpi_tensor dk32 = cpi_tensor_take(p, ws, p->s_loc, d->num_kv_heads, d->head_dim, CP_DTYPE_F32);
     cpi_tensor dv32 = cpi_tensor_take(p, ws, p->s_loc, d->num_kv_heads, d->head_dim_v, CP_DTYPE_F32);
+    float *drow = cpi_drow_take(p, ws, p->s_loc, d->num_heads); /* rowsum(dO * O), once per query span */
     if (ws->measuring)
         return CP_SUCCESS;
 
@@ -86,14 +89,20 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
     CPI_TRY(cpi_zero(p, &dkg));
     CPI_TRY(cpi_zero(p, &dvg));
     CPI_TRY(cpi_zero(p, &dq32));
-    for (int r = 0; r < p->P; r++) {
+    unsigned char *drow_ready = cpi_calloc((size_t)p->mine.n, 1);
+    if (!drow_ready)
+        return CP_ERROR_OUT_OF_MEMORY;
+    cp_status s = CP_SUCCESS;
+    for (int r = 0; r < p->P && s == CP_SUCCESS; r++) {
         cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.p, r), v = cpi_tensor_block(p, &g.v, g.v.p, r);
         cpi_tensor dk_r = cpi_tensor_block(p, &dkg, dkg.p, r), dv_r = cpi_tensor_block(p, &dvg, dvg.p, r);
         cpi_block_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .lse = &lse,
-                            .o = &o, .dout = &dout, .dq32 = &dq32, .dk32 = &dk_r, .dv32 = &dv_r,
-                            .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
-        CPI_TRY(cpi_attend(p, &io, 1));
+                            .o = &o, .dout = &dout, .dq32 = &dq32, .dk32 = &dk_r, .dv32 = &dv_r, .drow = drow,
+                            .drow_ready = drow_ready, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
+        s = cpi_attend(p, &io, 1);
     }
+    free(drow_ready);
+    CPI_TRY(s);
     cp_xfer x = cpi_group_xfer(p->g);
     CPI_TRY(cpi_reduce_scatter(p->g->comm, &x, dkg.p, dk32.p, g.kblock / cpi_dtype_size(d->dtype),
                                CP_DTYPE_F32, CP_REDUCE_SUM));

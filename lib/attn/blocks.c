@@ -81,6 +81,7 @@ static cp_status call(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_a
     a->dv = (void *)c;
     a->grad_dtype = CP_DTYPE_F32;
     a->grad_accumulate = 1;
+    a->drow = io->drow ? io->drow + qr : NULL;
     return ops->attn_backward(p->ctx->state, a);
 }
 
@@ -132,8 +133,15 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward
             }
             for (int j = j0; j <= j1; j++)
                 nk += tk->span[j].len;
+            /* rowsum(dO * O): read if an earlier call stored all these rows */
+            const int track = backward && io->drow;
+            a.drow_ready = track;
+            for (int i = i0; track && i <= i1; i++)
+                a.drow_ready &= io->drow_ready[i];
             s = call(p, io, &a, tq->row[i0], nq, tq->span[i0].offset, tk->row[j0], nk, tk->span[j0].offset,
                      kind == PAIR_FULL ? CP_MASK_NONE : p->d.mask, backward);
+            for (int i = i0; track && s == CP_SUCCESS && i <= i1; i++)
+                io->drow_ready[i] = 1;
         }
 #undef PAIR
     free(done);

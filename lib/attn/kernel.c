@@ -127,7 +127,8 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
 {
     CPI_CHECK(user != NULL, "%s: a is NULL", func);
     static const cp_kernel_attn_args defaults = CP_KERNEL_ATTN_ARGS_INIT;
-    /* the first published args end at workspace_bytes; lse_lo came later */
+    /* the first published args end at workspace_bytes; lse_lo, drow and
+     * drow_ready came later */
     const size_t v1 = offsetof(cp_kernel_attn_args, workspace_bytes) + sizeof(size_t);
     CPI_TRY(cpi_copy_config(out, sizeof *out, &defaults, user, v1, func, "a"));
     cp_kernel_attn_args *a = out;
@@ -192,6 +193,12 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
                          &a->dk_stride_s, &a->dk_stride_h));
     CPI_TRY(check_tensor(func, "dv", a->dv, ptrs, a->grad_dtype, f, B, Sk, Hk, Dv, &a->dv_stride_b,
                          &a->dv_stride_s, &a->dv_stride_h));
+    /* the rowsum buffer: optional, laid out like lse (strides checked there) */
+    CPI_TRY(check_flag(func, "drow_ready", a->drow_ready));
+    CPI_CHECK(!ptrs || a->drow || !a->drow_ready, "%s: a->drow is NULL but a->drow_ready = 1 (nothing to read)",
+              func);
+    CPI_CHECK((uintptr_t)a->drow % sizeof(float) == 0, "%s: a->drow = %p is not aligned to its 4-byte elements",
+              func, (const void *)a->drow);
     return CP_SUCCESS;
 }
 

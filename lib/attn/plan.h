@@ -124,10 +124,18 @@ typedef struct cpi_block_io {
     const cpi_lse *lse;
     /* backward */
     const cpi_tensor *o, *dout, *dq32, *dk32, *dv32;
+    /* backward, optional: rowsum(dO * O) of tq's rows, laid out like lse,
+     * and one flag per span of tq, set once a call has stored its rows
+     * there (later calls over those rows read them instead). Shared by the
+     * calls of one backward, whose query set does not change. */
+    float *drow;
+    unsigned char *drow_ready;
     void *scratch;
     size_t scratch_bytes;
 } cpi_block_io;
 cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward);
+/* The rowsum buffer of a backward over ntok query rows (see cpi_block_io). */
+float *cpi_drow_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads);
 /* Largest kernel scratch any cpi_attend call of this plan needs. */
 cp_status cpi_attend_scratch(const cp_attn_plan *p, int64_t max_q, int64_t max_k, int32_t hq, int32_t hkv,
                              int backward, size_t *bytes);

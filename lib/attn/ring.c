@@ -181,6 +181,9 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
 {
     ring_bufs b = { 0 };
     CPI_TRY(take_bufs(p, k, v, 1, ws, &b));
+    /* rowsum(dO * O) of the queries: the first call over a span stores it,
+     * the other R - 1 steps read it */
+    float *drow = cpi_drow_take(p, ws, lse->ntok, lse->heads);
     if (ws->measuring)
         return CP_SUCCESS;
 
@@ -195,14 +198,17 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
     CPI_TRY(cpi_zero(p, dq32));
     CPI_TRY(cpi_zero(p, cdk));
     CPI_TRY(cpi_zero(p, cdv));
+    unsigned char *drow_ready = cpi_calloc((size_t)p->sub[m].n, 1);
+    if (!drow_ready)
+        return CP_ERROR_OUT_OF_MEMORY;
     ring_streams rs;
     cp_status s = rs_begin(p, &rs, 3 * R + 2);
     void *kv_here = NULL, *acc_here = NULL, *done = NULL, *done_before = NULL;
     for (int step = 0; step < R && s == CP_SUCCESS; step++) {
         const int src = (m - step + R) % R;
         cpi_block_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[m], .tk = &p->sub[src], .lse = lse,
-                            .o = o, .dout = dout, .dq32 = dq32, .dk32 = cdk, .dv32 = cdv,
-                            .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
+                            .o = o, .dout = dout, .dq32 = dq32, .dk32 = cdk, .dv32 = cdv, .drow = drow,
+                            .drow_ready = drow_ready, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
         if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, kv_here)) || (s = rs_wait(&rs, acc_here)) ||
             (s = cpi_attend(p, &io, 1)) || (s = rs_mark(&rs, &done)))
             break;
@@ -230,5 +236,7 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         cdv = ndv;
         done_before = done;
     }
+    /* the flags are host state, read when each step's calls are queued */
+    free(drow_ready);
     return rs_end(&rs, s);
 }

@@ -74,6 +74,11 @@ cpi_lse cpi_lse_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t 
     return l;
 }
 
+float *cpi_drow_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads)
+{
+    return cpi_lse_take(p, a, ntok, heads).p;
+}
+
 void cpi_lse_take_lo(const cp_attn_plan *p, cpi_arena *a, cpi_lse *l)
 {
     l->lo = cpi_arena_take(a, lse_bytes(p, l));
