@@ -457,6 +457,12 @@ typedef struct bwd_out {
 enum { BWD_ONE, BWD_HALVES_F32, BWD_ONE_F32, BWD_HALVES, NBWD };
 static const char *bwd_name[NBWD] = {"one", "acc-f32", "one-f32", "acc"};
 
+/* The caller's rowsum buffer (cp_kernel_attn_args.drow) of run_backward:
+ * NULL, or a device buffer that the first call stores into (drow_ready 0)
+ * and later calls read, unless drow_stored says the first may read too. */
+static float *bwd_drow;
+static int bwd_drow_stored;
+
 static bwd_out run_backward(void *st, const dcase *d, const dbufs *b, int mode)
 {
     const blk *c = d->c;
@@ -493,6 +499,8 @@ static bwd_out run_backward(void *st, const dcase *d, const dbufs *b, int mode)
         set_t(&d->lv, &a.dv_stride_b, &a.dv_stride_s, &a.dv_stride_h);
         a.grad_dtype = gt;
         a.grad_accumulate = accumulate_halves;
+        a.drow = bwd_drow;
+        a.drow_ready = bwd_drow && (part > 0 || bwd_drow_stored);
         /* the second half lets the kernel allocate its own workspace */
         size_t ws = 0;
         assert_int_equal(gpu_ops->attn_workspace_size(st, &a, 1, &ws), CP_SUCCESS);
@@ -685,6 +693,71 @@ static void test_backward_deterministic(void **unused)
         free_bufs(st, &b);
     }
     free_case(&d);
+}
+
+/* rowsum(dO * O) kept across key blocks (INFINICP_CUDA_DROW=1): over two
+ * key halves, storing it in the first call and reading it in the second
+ * gives dK and dV bit for bit as computing it in both, and dQ within fp32
+ * atomics' reordering; a shifted buffer that is read changes dQ. */
+static void test_backward_drow_reuse(void **unused)
+{
+    (void)unused;
+    setenv("INFINICP_CUDA_DROW", "1", 1);
+    void *st = gpu_open(NULL);
+    unsetenv("INFINICP_CUDA_DROW");
+    assert_non_null(st);
+    const blk cases_drow[] = {
+        {"drow-gqa-d128", 1, 4, 2, 128, 128, 300, 500, 400, 0, 1, CP_FORMAT_BSHD, 0},
+        {"drow-d64-sbhd", 2, 2, 2, 64, 64, 70, 90, 0, 0, 0, CP_FORMAT_SBHD, 8},
+    };
+    for (size_t ci = 0; ci < sizeof cases_drow / sizeof cases_drow[0]; ci++) {
+        const blk *c = &cases_drow[ci];
+        dcase d;
+        make_case(&d, c, CP_DTYPE_BF16);
+        dbufs b = upload_case(st, &d);
+        const size_t rows = (size_t)c->B * c->H * c->Sq;
+        float *nan_rows = malloc(rows * sizeof(float));
+        for (size_t i = 0; i < rows; i++)
+            nan_rows[i] = NAN;
+        bwd_drow = NULL;
+        bwd_out plain = run_backward(st, &d, &b, BWD_HALVES_F32);
+        bwd_drow = dev_copy(st, nan_rows, rows * sizeof(float));
+        bwd_drow_stored = 0;
+        bwd_out reuse = run_backward(st, &d, &b, BWD_HALVES_F32);
+        assert_memory_equal(plain.dk, reuse.dk, d.nk * sizeof(double));
+        assert_memory_equal(plain.dv, reuse.dv, d.nv * sizeof(double));
+        double e = rel_err(reuse.dq, plain.dq, d.nq);
+        if (!(e <= 1e-6))
+            fail_msg("%s: dQ with the stored rowsum differs by %.3g from computing it", c->name, e);
+        /* the stored sums, shifted by 1, then read by both halves */
+        float *stored = malloc(rows * sizeof(float));
+        download(st, stored, bwd_drow, rows * sizeof(float));
+        for (size_t i = 0; i < rows; i++) {
+            if (!isfinite(stored[i]))
+                fail_msg("%s: row %zu of the stored rowsum is %g", c->name, i, (double)stored[i]);
+            stored[i] += 1.0f;
+        }
+        gpu_ops->free(st, bwd_drow);
+        bwd_drow = dev_copy(st, stored, rows * sizeof(float));
+        bwd_drow_stored = 1;
+        bwd_out shifted = run_backward(st, &d, &b, BWD_HALVES_F32);
+        e = rel_err(shifted.dq, plain.dq, d.nq);
+        if (!(e > 1e-2))
+            fail_msg("%s: dQ from a shifted rowsum is within %.3g of the true one", c->name, e);
+        printf("%s: dQ with the stored rowsum within %.2g; with it shifted by 1, %.2g off\n", c->name,
+               rel_err(reuse.dq, plain.dq, d.nq), e);
+        gpu_ops->free(st, bwd_drow);
+        bwd_drow = NULL;
+        bwd_drow_stored = 0;
+        bwd_out outs[3] = {plain, reuse, shifted};
+        for (int i = 0; i < 3; i++)
+            free(outs[i].dq), free(outs[i].dk), free(outs[i].dv);
+        free(stored);
+        free(nan_rows);
+        free_bufs(st, &b);
+        free_case(&d);
+    }
+    gpu_ops->close(st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -912,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_attention_matches_fp64),
         cmocka_unit_test(test_hidden_block_is_exact),
         cmocka_unit_test(test_backward_deterministic),
+        cmocka_unit_test(test_backward_drow_reuse),
         cmocka_unit_test(test_merge_matches_formula),
         cmocka_unit_test(test_convert_and_reduce_exact),
         cmocka_unit_test(test_copies_and_memset),

@@ -52,6 +52,7 @@ struct state {
     int cc;                           // compute capability, major * 10 + minor
     int deterministic;                // backward bitwise reproducible (no atomics); 0 = fastest
     int bwd_warps;                    // warps of the atomic backward's blocks (tuning; 0 = default)
+    int drow_reuse;                   // take cp_kernel_attn_args.drow (opt-in until checked on a GPU)
     int wgmma_cp;                     // wgmma forward: 1 = the cp.async kernel, not the TMA one (tuning)
 };
 
@@ -83,6 +84,8 @@ struct attn_params {
     cp_dtype dt, odt, gdt;
     int accumulate, grad_accumulate;
     float *drow;        // backward: rowsum(dO * O), [B][H][Sq] in the workspace
+    const float *drow_in; // backward: the caller's stored rowsum (laid out like lse) to read, or NULL
+    float *drow_out;    // backward: where to store the rowsum for the caller (laid out like lse), or NULL
     int vec;            // q, k, v (and dout) allow 16-byte loads of head rows
     // Backward with atomics (mma path, deterministic = 0): the fp32 tensor dq
     // is summed into (dq itself for F32 grads, else a workspace buffer), the
