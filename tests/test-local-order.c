@@ -620,7 +620,7 @@ static void test_stalled_rank(void **unused)
     for (int r = 0; r < 2; r++) {
         if (a.got[r] != CP_ERROR_TIMEOUT)
             fail_msg("rank %d: %s, want CP_ERROR_TIMEOUT", r, cp_status_string(a.got[r]));
-        if (!(a.ms[r] < STALL_TIMEOUT_MS + 2000))
+        if (!(a.ms[r] < STALL_TIMEOUT_MS + 5000)) /* slack for a loaded machine under valgrind */
             fail_msg("rank %d gave up after %.1f ms (timeout %d ms)", r, a.ms[r], STALL_TIMEOUT_MS);
         if (a.ms[r] > longest)
             longest = a.ms[r];

@@ -156,10 +156,18 @@ static cp_status build_token_sets(cp_attn_plan *p)
     p->mine.ntok = row;
     /* cpi_attend may put a whole token set in one kernel call */
     p->max_rows = p->mine.ntok;
-    for (int m = 0; m < p->R; m++)
+    int spans = p->mine.n;
+    for (int m = 0; m < p->R; m++) {
         if (p->sub[m].ntok > p->max_rows)
             p->max_rows = p->sub[m].ntok;
-    return CP_SUCCESS;
+        if (p->sub[m].n > spans)
+            spans = p->sub[m].n;
+    }
+    /* Kept with the plan, not allocated per call: nothing of a call may
+     * stay on the heap while it waits in the transport, where a rank can
+     * be lost for good. */
+    p->drow_ready = cpi_calloc((size_t)spans, 1);
+    return p->drow_ready ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY;
 }
 
 static cp_status run_mode(cp_attn_plan *p, int backward, const void *args, cpi_arena *ws)
@@ -198,6 +206,7 @@ static void plan_free(cp_attn_plan *p)
     for (int m = 0; p->sub && m < p->R; m++)
         cpi_tokset_free(&p->sub[m]);
     free(p->sub);
+    free(p->drow_ready);
     cpi_tokset_free(&p->mine);
     if (p->own_ws)
         p->ctx->ops->free(p->ctx->state, p->own_ws);

@@ -66,6 +66,7 @@ struct cp_attn_plan {
     cpi_tokset *sub;     /* token set of every ring member's a2a sub-group, sorted, coalesced */
     cpi_heads heads;     /* after the a2a exchange */
     int64_t max_rows;    /* rows of the largest token set (kernel scratch) */
+    unsigned char *drow_ready; /* backward: cpi_block_io.drow_ready, one flag per span of the largest token set */
     size_t ws_fwd, ws_bwd;
     void *own_ws;        /* allocated on demand when the caller passes none */
     size_t own_ws_bytes;

@@ -18,6 +18,7 @@
  * run the same steps in order.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn/plan.h"
 
@@ -198,9 +199,8 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
     CPI_TRY(cpi_zero(p, dq32));
     CPI_TRY(cpi_zero(p, cdk));
     CPI_TRY(cpi_zero(p, cdv));
-    unsigned char *drow_ready = cpi_calloc((size_t)p->sub[m].n, 1);
-    if (!drow_ready)
-        return CP_ERROR_OUT_OF_MEMORY;
+    unsigned char *drow_ready = p->drow_ready;
+    memset(drow_ready, 0, (size_t)p->sub[m].n);
     ring_streams rs;
     cp_status s = rs_begin(p, &rs, 3 * R + 2);
     void *kv_here = NULL, *acc_here = NULL, *done = NULL, *done_before = NULL;
@@ -236,7 +236,5 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         cdv = ndv;
         done_before = done;
     }
-    /* the flags are host state, read when each step's calls are queued */
-    free(drow_ready);
     return rs_end(&rs, s);
 }
