@@ -827,20 +827,30 @@ static void test_merge(void **state)
     fixture_free(&f);
 }
 
+/* The backward's key-split cases, each over three key blocks: causal GQA
+ * with D != Dv (F32), and an unmasked BF16 one in the padded layout with a
+ * block of one key. Gradients in F32. */
+#define SPLIT_CASES 2
+static const int64_t split_cuts[SPLIT_CASES][4] = {{0, 40, 100, 120}, {0, 30, 31, 77}};
+
+static kcase split_case(size_t i)
+{
+    kcase c = i == 0 ? make_case(1, 50, 120, 4, 2, 16, 8, 70, 0, 1, CP_DTYPE_F32, LAYOUT_BSHD)
+                     : make_case(2, 31, 77, 2, 1, 8, 8, 0, 0, 0, CP_DTYPE_BF16, LAYOUT_PADDED);
+    c.grad_dtype = CP_DTYPE_F32;
+    return c;
+}
+
 /* Backward over key blocks, adding into dQ (and into slices of dK, dV), equals
  * one call; adding into existing values adds exactly the gradient. */
 static void test_backward_accumulate(void **state)
 {
     (void)state;
-    kcase cases[] = {
-        make_case(1, 50, 120, 4, 2, 16, 8, 70, 0, 1, CP_DTYPE_F32, LAYOUT_BSHD),
-        make_case(2, 31, 77, 2, 1, 8, 8, 0, 0, 0, CP_DTYPE_BF16, LAYOUT_PADDED),
-    };
-    const int64_t cuts[][4] = {{0, 40, 100, 120}, {0, 30, 31, 77}};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        cases[ci].grad_dtype = CP_DTYPE_F32;
+    for (size_t ci = 0; ci < SPLIT_CASES; ci++) {
+        const kcase c = split_case(ci);
+        const int64_t *cuts = split_cuts[ci];
         fixture f;
-        fixture_init(&f, &cases[ci], 40 + ci);
+        fixture_init(&f, &c, 40 + ci);
         const ref_attn_shape *s = &f.c.s;
         tensor o = reference_o(&f, f.c.o_dtype);
         float *lse = reference_lse(&f);
@@ -851,7 +861,7 @@ static void test_backward_accumulate(void **state)
             fill_tensor(&g.dq, 0), fill_tensor(&g.dk, 0), fill_tensor(&g.dv, 0);
             for (int n = 0; n < 3; n++) {
                 cp_kernel_attn_args a = backward_args(&f, &o, lse, &g);
-                restrict_keys(&a, &f, cuts[ci][n], cuts[ci][n + 1], &g);
+                restrict_keys(&a, &f, cuts[n], cuts[n + 1], &g);
                 a.grad_accumulate = 1;
                 backward_ok(ctx, &a);
             }
@@ -907,15 +917,11 @@ static int same_bits(const tensor *x, const tensor *y)
 static void test_backward_drow(void **state)
 {
     (void)state;
-    kcase cases[] = {
-        make_case(1, 50, 120, 4, 2, 16, 8, 70, 0, 1, CP_DTYPE_F32, LAYOUT_BSHD),
-        make_case(2, 31, 77, 2, 1, 8, 8, 0, 0, 0, CP_DTYPE_BF16, LAYOUT_PADDED),
-    };
-    const int64_t cuts[][4] = {{0, 40, 100, 120}, {0, 30, 31, 77}};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        cases[ci].grad_dtype = CP_DTYPE_F32;
+    for (size_t ci = 0; ci < SPLIT_CASES; ci++) {
+        const kcase c = split_case(ci);
+        const int64_t *cuts = split_cuts[ci];
         fixture f;
-        fixture_init(&f, &cases[ci], 60 + ci);
+        fixture_init(&f, &c, 60 + ci);
         const ref_attn_shape *s = &f.c.s;
         tensor o = reference_o(&f, f.c.o_dtype);
         float *lse = reference_lse(&f);
@@ -943,7 +949,7 @@ static void test_backward_drow(void **state)
                     if (n == 0)
                         fill_tensor(&gs[v]->dq, 0), fill_tensor(&gs[v]->dk, 0), fill_tensor(&gs[v]->dv, 0);
                     cp_kernel_attn_args a = backward_args(&f, &o, lse, gs[v]);
-                    restrict_keys(&a, &f, cuts[ci][n], cuts[ci][n + 1], gs[v]);
+                    restrict_keys(&a, &f, cuts[n], cuts[n + 1], gs[v]);
                     a.grad_accumulate = 1;
                     if (v == 1) {
                         a.drow = drow;
