@@ -12,6 +12,8 @@
  *     backward). Accepted arguments must describe tensors that fit the
  *     address space; small ones run on buffers of exactly their extent
  *     (ASan catches a read or write past it), with finite dense outputs.
+ *     A backward with drow_ready = 1 reads the rowsum buffer (as large as
+ *     lse's extent) that a first call stored.
  *  3: a cp_kernel_merge_args, run on buffers of exactly its extent.
  *
  * Fields follow in declaration order as little-endian integers (input.h).
@@ -335,6 +337,7 @@ static cp_kernel_attn_args read_args(fuzz_input *in)
     read_strides(in, &a.dv_stride_b, 3);
     a.grad_dtype = (cp_dtype)fuzz_i32(in);
     a.grad_accumulate = fuzz_i32(in);
+    a.drow_ready = fuzz_i32(in); /* with a buffer given below when the call runs */
     return a;
 }
 
@@ -354,6 +357,7 @@ static void fuzz_kernel(fuzz_input *in, int backward)
                   Dv = a.head_dim_v ? a.head_dim_v : a.head_dim;
     CHECK(a.struct_size >= offsetof(cp_kernel_attn_args, workspace_bytes) + sizeof(size_t));
     CHECK(B > 0 && Sq > 0 && Sk > 0 && H > 0 && Hk > 0 && H % Hk == 0 && D > 0 && Dv > 0);
+    CHECK(!backward || a.drow_ready == 0 || a.drow_ready == 1);
     const int64_t given[9][3] = {
         { a.q_stride_b, a.q_stride_s, a.q_stride_h },       { a.k_stride_b, a.k_stride_s, a.k_stride_h },
         { a.v_stride_b, a.v_stride_s, a.v_stride_h },       { a.o_stride_b, a.o_stride_s, a.o_stride_h },
@@ -409,8 +413,20 @@ static void fuzz_kernel(fuzz_input *in, int backward)
         f.accumulate = 0;
         s = cp_kernel_attn_forward(ctx, &f);
         CHECK(s == CP_SUCCESS);
+        float *drow = NULL;
+        if (a.drow_ready) {
+            /* a first call stores rowsum(dO * O) (laid out like lse), which
+             * the fuzzed call then reads */
+            drow = pattern(CP_DTYPE_F32, ext[4]);
+            cp_kernel_attn_args st = a;
+            st.drow = drow;
+            st.drow_ready = 0;
+            CHECK(cp_kernel_attn_backward(ctx, &st) == CP_SUCCESS);
+            a.drow = drow;
+        }
         s = cp_kernel_attn_backward(ctx, &a);
         CHECK(s == CP_SUCCESS);
+        free(drow);
         if (dense_out && tame && dense(&x[3], given[3]) && dense(&x[4], given[4]))
             for (int i = 6; i < 9; i++)
                 CHECK(all_finite(bufs[i], x[i].t, ext[i], false));

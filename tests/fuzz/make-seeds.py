@@ -36,7 +36,7 @@ def desc(dtype=F32, fmt=BSHD, batch=1, seq=16, heads=2, kv=1, dim=4, dim_v=0, ma
 
 def kernel(backward=0, dtype=F32, fmt=BSHD, batch=1, heads=2, kv=1, dim=4, dim_v=0, sq=5, sk=7, q_off=0,
            k_off=0, mask=CAUSAL, scale=0.0, strides=None, o_dtype=F32, accumulate=0, grad_dtype=F32,
-           grad_accumulate=0, struct_size=0):
+           grad_accumulate=0, struct_size=0, drow_ready=None):
     # strides: name -> tuple, for q k v o lse dout dq dk dv (all zero = dense)
     s = {n: (0, 0, 0) for n in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")}
     s["lse"] = (0, 0)
@@ -48,7 +48,9 @@ def kernel(backward=0, dtype=F32, fmt=BSHD, batch=1, heads=2, kv=1, dim=4, dim_v
     out += struct.pack("<i", o_dtype) + struct.pack("<qq", *s["lse"]) + struct.pack("<i", accumulate)
     for n in ("dout", "dq", "dk", "dv"):
         out += struct.pack("<qqq", *s[n])
-    return out + struct.pack("<ii", grad_dtype, grad_accumulate)
+    out += struct.pack("<ii", grad_dtype, grad_accumulate)
+    # drow_ready came later: seeds without it read 0
+    return out if drow_ready is None else out + struct.pack("<i", drow_ready)
 
 
 def merge(fmt=BSHD, batch=1, seq=4, heads=2, dim_v=4, o=(0, 0, 0), o_dtype=F32, lse=(0, 0), part=(0, 0, 0),
@@ -86,6 +88,9 @@ ATTN = {
                                       grad_dtype=F32, grad_accumulate=1),
     "kernel-backward-overlapping-rows": kernel(backward=1, strides={"k": (0, 0, 4), "dk": (1, 1, 1)}),
     "kernel-size-overflow": kernel(batch=1 << 62),
+    "kernel-backward-drow-reuse": kernel(backward=1, dtype=BF16, heads=4, kv=2, dim=8, o_dtype=BF16, mask=NONE,
+                                         strides={"lse": (40, 9)}, grad_accumulate=1, drow_ready=1),
+    "kernel-backward-drow-bad-flag": kernel(backward=1, drow_ready=2),
     # found by the fuzzer: the last element's offset was INT64_MAX, and one past it overflowed
     "kernel-extent-int64-max": kernel(backward=1, batch=1 << 31, sq=1 << 28, heads=1, kv=1, dim=16),
     "merge-f32": merge(),
