@@ -91,6 +91,8 @@ ATTN = {
     "kernel-backward-drow-reuse": kernel(backward=1, dtype=BF16, heads=4, kv=2, dim=8, o_dtype=BF16, mask=NONE,
                                          strides={"lse": (40, 9)}, grad_accumulate=1, drow_ready=1),
     "kernel-backward-drow-bad-flag": kernel(backward=1, drow_ready=2),
+    # found by the fuzzer: a struct_size that ends before drow_ready leaves it 0, whatever the caller's field holds
+    "kernel-backward-drow-past-struct-size": kernel(backward=1, struct_size=409, drow_ready=2),
     # found by the fuzzer: the last element's offset was INT64_MAX, and one past it overflowed
     "kernel-extent-int64-max": kernel(backward=1, batch=1 << 31, sq=1 << 28, heads=1, kv=1, dim=16),
     "merge-f32": merge(),
