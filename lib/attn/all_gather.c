@@ -89,14 +89,13 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
     CPI_TRY(cpi_zero(p, &dkg));
     CPI_TRY(cpi_zero(p, &dvg));
     CPI_TRY(cpi_zero(p, &dq32));
-    unsigned char *drow_ready = p->drow_ready;
-    memset(drow_ready, 0, (size_t)p->mine.n);
+    memset(p->drow_ready, 0, (size_t)p->mine.n);
     for (int r = 0; r < p->P; r++) {
         cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.p, r), v = cpi_tensor_block(p, &g.v, g.v.p, r);
         cpi_tensor dk_r = cpi_tensor_block(p, &dkg, dkg.p, r), dv_r = cpi_tensor_block(p, &dvg, dvg.p, r);
         cpi_block_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .lse = &lse,
                             .o = &o, .dout = &dout, .dq32 = &dq32, .dk32 = &dk_r, .dv32 = &dv_r, .drow = drow,
-                            .drow_ready = drow_ready, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
+                            .drow_ready = p->drow_ready, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
         CPI_TRY(cpi_attend(p, &io, 1));
     }
     cp_xfer x = cpi_group_xfer(p->g);

@@ -199,8 +199,7 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
     CPI_TRY(cpi_zero(p, dq32));
     CPI_TRY(cpi_zero(p, cdk));
     CPI_TRY(cpi_zero(p, cdv));
-    unsigned char *drow_ready = p->drow_ready;
-    memset(drow_ready, 0, (size_t)p->sub[m].n);
+    memset(p->drow_ready, 0, (size_t)p->sub[m].n);
     ring_streams rs;
     cp_status s = rs_begin(p, &rs, 3 * R + 2);
     void *kv_here = NULL, *acc_here = NULL, *done = NULL, *done_before = NULL;
@@ -208,7 +207,7 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         const int src = (m - step + R) % R;
         cpi_block_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[m], .tk = &p->sub[src], .lse = lse,
                             .o = o, .dout = dout, .dq32 = dq32, .dk32 = cdk, .dv32 = cdv, .drow = drow,
-                            .drow_ready = drow_ready, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
+                            .drow_ready = p->drow_ready, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
         if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, kv_here)) || (s = rs_wait(&rs, acc_here)) ||
             (s = cpi_attend(p, &io, 1)) || (s = rs_mark(&rs, &done)))
             break;
