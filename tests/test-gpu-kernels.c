@@ -695,7 +695,8 @@ static void test_backward_deterministic(void **unused)
     free_case(&d);
 }
 
-/* rowsum(dO * O) kept across key blocks (INFINICP_CUDA_DROW=1): over two
+/* rowsum(dO * O) kept across key blocks (the default; set here in case the
+ * environment holds INFINICP_CUDA_DROW=0): over two
  * key halves, storing it in the first call and reading it in the second
  * gives dK and dV bit for bit as computing it in both, and dQ within fp32
  * atomics' reordering; a shifted buffer that is read changes dQ. */

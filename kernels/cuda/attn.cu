@@ -282,10 +282,10 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     scratch w;
     if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
         return r;
-    // rowsum(dO * O) into the workspace's dense copy: computed, or with
-    // INFINICP_CUDA_DROW=1 taken from the caller's a->drow when an earlier
-    // call stored it there (a->drow_ready), and stored there otherwise. Off
-    // by default until a GPU run has checked it (bench/NOTES.md).
+    // rowsum(dO * O) into the workspace's dense copy: taken from the
+    // caller's a->drow when an earlier call stored it there (a->drow_ready),
+    // computed and stored there otherwise, computed alone without a->drow
+    // or with INFINICP_CUDA_DROW=0 (for comparison; bench/NOTES.md).
     p.drow = static_cast<float *>(w.base);
     p.drow_in = s->drow_reuse && a->drow && a->drow_ready ? a->drow : nullptr;
     p.drow_out = s->drow_reuse && a->drow && !a->drow_ready ? a->drow : nullptr;

@@ -52,7 +52,7 @@ struct state {
     int cc;                           // compute capability, major * 10 + minor
     int deterministic;                // backward bitwise reproducible (no atomics); 0 = fastest
     int bwd_warps;                    // warps of the atomic backward's blocks (tuning; 0 = default)
-    int drow_reuse;                   // take cp_kernel_attn_args.drow (opt-in until checked on a GPU)
+    int drow_reuse;                   // take cp_kernel_attn_args.drow (INFINICP_CUDA_DROW=0: no)
     int wgmma_cp;                     // wgmma forward: 1 = the cp.async kernel, not the TMA one (tuning)
 };
 

@@ -102,8 +102,8 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->bwd_warps = bw && !strcmp(bw, "8") ? 8 : 0;
     const char *ws = getenv("INFINICP_CUDA_WGMMA_WS"); // tuning knob, see attn_wgmma_fwd.cu
     s->wgmma_cp = ws && !strcmp(ws, "0");
-    const char *dr = getenv("INFINICP_CUDA_DROW"); // opt-in, see attn.cu
-    s->drow_reuse = dr && !strcmp(dr, "1");
+    const char *dr = getenv("INFINICP_CUDA_DROW"); // 0: compute the rowsum in every call, see attn.cu
+    s->drow_reuse = !(dr && !strcmp(dr, "0"));
     int major = 0, minor = 0;
     if ((e = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device_index)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index)) !=
