@@ -13,7 +13,8 @@
 // dO and Q tiles read MN-major. dS^T also goes to shared memory ([key][query],
 // one 128-byte row per key), where it is the MN-major A of dQ = dS K over the
 // block's 128 keys; warpgroup w takes dQ's column half w, and adds its
-// accumulators into the fp32 sums with vector reductions.
+// accumulators into the fp32 sums with vector reductions while dK += dS^T Q,
+// issued after dQ, keeps the tensor cores busy.
 //
 // The Q / dO tiles, their LSE and rowsum(dO * O) are double-buffered with
 // cp.async: tile n+1 loads while tile n is computed. Masking is branch-free
@@ -42,7 +43,12 @@ constexpr int wgbwd_smem(int DP)
     return (2 * WB_BK + 4 * WB_BQ) * DP * 2 + WB_BK * WB_BQ * 2 + 2 * 2 * WB_BQ * 4 + 1024;
 }
 
-template <typename T, int DP>
+// How dQ reaches the fp32 sums (bench/NOTES.md). LATE_DK (the default):
+// dK is issued after dQ, and dQ is added with 8-byte reductions straight
+// from the accumulators while the tensor cores compute dK. Without it
+// (INFINICP_CUDA_WGBWD=0, for comparison): dV and dK before the barrier,
+// and 16-byte reductions after a lane shuffle once all three are done.
+template <typename T, int DP, bool LATE_DK>
 __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
 {
 #ifdef CP_WGMMA_BODY
@@ -183,9 +189,10 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) // 16 query rows = 2048 bytes per step
             mma_rs<T>(adv, pa[kk], sw128_desc(ot + kk * 2048, BQ * 128));
+        if (!LATE_DK)
 #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++)
-            mma_rs<T>(adk, da[kk], sw128_desc(qt + kk * 2048, BQ * 128));
+            for (int kk = 0; kk < BQ / 16; kk++)
+                mma_rs<T>(adk, da[kk], sw128_desc(qt + kk * 2048, BQ * 128));
         wg::commit();
 
         fence_proxy_async();
@@ -197,13 +204,23 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
             mma_ss<T, 1, 1>(dq, sw128_desc(dSs + kk * 2048, BK * 128), sw128_desc(kb + kk * 2048, BK * 128),
                             kk > 0);
         wg::commit();
+        if (LATE_DK) {
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++)
+                mma_rs<T>(adk, da[kk], sw128_desc(qt + kk * 2048, BQ * 128));
+            wg::commit();
+            wg::wait<1>(); // dV, dQ done; dK runs during the reductions
+            reg_fence(dq);
+            add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+        }
         wg::wait<0>();
         reg_fence(dq);
         reg_fence(adk);
         reg_fence(adv);
         reg_fence(pa);
         reg_fence(da);
-        add_dq_rows(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+        if (!LATE_DK)
+            add_dq_rows(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
     }
     if (p.grad_accumulate && ntotal == 0)
         return; // no query sees these keys: nothing to add
@@ -217,7 +234,7 @@ template <typename T, int DP>
 cp_status launch(state *s, const attn_params &p)
 {
     constexpr int bytes = wgbwd_smem(DP);
-    auto kernel = bwd_wgmma_kernel<T, DP>;
+    auto kernel = s->wgbwd_early_dk ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;
     const char *what = "attention backward dK/dV/dQ (wgmma)";
     cp_status r = allow_smem((const void *)kernel, bytes, what);
     if (r != CP_SUCCESS)

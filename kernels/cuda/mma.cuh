@@ -358,6 +358,36 @@ __device__ __forceinline__ void red_add4(float *row, float a, float b, float c, 
 #endif
 }
 
+#if __CUDA_ARCH__ >= 900
+// row[0..1] += v: one 8-byte reduction (sm_90).
+__device__ __forceinline__ void red_add2(float *row, float a, float b)
+{
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(row), "f"(a), "f"(b) : "memory");
+}
+
+// add_dq_rows (below) for p.dqa_vec on sm_90 with 8-byte reductions taken
+// straight from the accumulator pairs: no shuffles, and no four-register
+// operand that the compiler builds in the same registers for every
+// reduction (each then waits until the previous one has read them).
+template <int NB>
+__device__ __forceinline__ void add_dq_rows2(const attn_params &p, const float (&acc)[NB][4], int64_t b, int h,
+                                             int64_t r0, int col0, int tq)
+{
+    float *dq = static_cast<float *>(const_cast<void *>(p.dqa.p));
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t i = r0 + r * 8;
+        if (i < p.Sq) {
+            float *row = dq + at(p.dqa, b, i, h) + col0 + 2 * tq;
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++)
+                if (col0 + nb * 8 + 2 * tq < p.dqa_cols)
+                    red_add2(row + nb * 8, acc[nb][2 * r], acc[nb][2 * r + 1]);
+        }
+    }
+}
+#endif
+
 // Backward with atomics: add a 16-row dQ piece in C layout (this thread:
 // query rows r0, r0 + 8 of batch b, head h; columns col0 + 8 nb + 2 tq + e)
 // into the fp32 sums p.dqa. Every lane of the warp calls it.

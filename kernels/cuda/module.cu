@@ -102,6 +102,8 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->bwd_warps = bw && !strcmp(bw, "8") ? 8 : 0;
     const char *ws = getenv("INFINICP_CUDA_WGMMA_WS"); // tuning knob, see attn_wgmma_fwd.cu
     s->wgmma_cp = ws && !strcmp(ws, "0");
+    const char *wb = getenv("INFINICP_CUDA_WGBWD"); // tuning knob, see attn_wgmma_bwd.cu
+    s->wgbwd_early_dk = wb && !strcmp(wb, "0");
     const char *dr = getenv("INFINICP_CUDA_DROW"); // 0: compute the rowsum in every call, see attn.cu
     s->drow_reuse = !(dr && !strcmp(dr, "0"));
     int major = 0, minor = 0;
