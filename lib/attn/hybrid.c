@@ -85,7 +85,12 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
 
     cpi_tensor qh = uq, kh = uk, vh = uv, oh = uo, doh = udo, dqh = udq;
     cpi_lse lseh = ulse;
-    cpi_tensor dk_loc = { 0 }, dv_loc = { 0 };
+    cpi_tensor dk_loc = { 0 }, dv_loc = { 0 }, dkh = { 0 }, dvh = { 0 };
+    /* With fewer kv heads than members, members share (replicate) kv heads
+     * and the way back sums their dK / dV in fp32; otherwise every kv head
+     * has one owner, whose gradients go back in the storage type (half the
+     * bytes of fp32 for F16 / BF16, and no conversion on the token side). */
+    const int replicas = p->A > 1 && Hkv < p->A;
     if (p->A > 1) {
         qh = cpi_tensor_take(p, ws, T, hq, D, d->dtype);
         kh = cpi_tensor_take(p, ws, T, hkv, D, d->dtype);
@@ -94,9 +99,13 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
         doh = cpi_tensor_take(p, ws, T, hq, Dv, d->dtype);
         dqh = cpi_tensor_take(p, ws, T, hq, D, d->dtype);
         lseh = cpi_lse_take(p, ws, T, hq);
-        /* gradients of my tokens, all kv heads, summed over replicas in fp32 */
-        dk_loc = cpi_tensor_take(p, ws, p->s_loc, Hkv, D, CP_DTYPE_F32);
-        dv_loc = cpi_tensor_take(p, ws, p->s_loc, Hkv, Dv, CP_DTYPE_F32);
+        if (replicas) { /* gradients of my tokens, all kv heads, summed over replicas in fp32 */
+            dk_loc = cpi_tensor_take(p, ws, p->s_loc, Hkv, D, CP_DTYPE_F32);
+            dv_loc = cpi_tensor_take(p, ws, p->s_loc, Hkv, Dv, CP_DTYPE_F32);
+        } else {
+            dkh = cpi_tensor_take(p, ws, T, hkv, D, d->dtype);
+            dvh = cpi_tensor_take(p, ws, T, hkv, Dv, d->dtype);
+        }
     }
     cpi_tensor dq32 = cpi_tensor_take(p, ws, T, hq, D, CP_DTYPE_F32);
     cpi_tensor dk32 = cpi_tensor_take(p, ws, T, hkv, D, CP_DTYPE_F32);
@@ -104,8 +113,11 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
     const cpi_a2a_item iq = { &uq, NULL, &qh, NULL, 0 }, ik = { &uk, NULL, &kh, NULL, 1 },
                        iv = { &uv, NULL, &vh, NULL, 1 }, io = { &uo, NULL, &oh, NULL, 0 },
                        ido = { &udo, NULL, &doh, NULL, 0 }, il = { NULL, &ulse, NULL, &lseh, 0 },
-                       idq = { &udq, NULL, &dqh, NULL, 0 }, idk = { &dk_loc, NULL, &dk32, NULL, 1 },
-                       idv = { &dv_loc, NULL, &dv32, NULL, 1 };
+                       idq = { &udq, NULL, &dqh, NULL, 0 },
+                       idk = replicas ? (cpi_a2a_item){ &dk_loc, NULL, &dk32, NULL, 1 }
+                                      : (cpi_a2a_item){ &udk, NULL, &dkh, NULL, 1 },
+                       idv = replicas ? (cpi_a2a_item){ &dv_loc, NULL, &dv32, NULL, 1 }
+                                      : (cpi_a2a_item){ &udv, NULL, &dvh, NULL, 1 };
     void *send = NULL, *recv = NULL;
     if (p->A > 1) {
         const cpi_a2a_item all[] = { iq, ik, iv, io, ido, il, idq, idk, idv };
@@ -126,9 +138,15 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
         return cpi_convert_tensor(p, &udv, &dv32);
     }
     CPI_TRY(cpi_convert_tensor(p, &dqh, &dq32));
+    if (!replicas) {
+        CPI_TRY(cpi_convert_tensor(p, &dkh, &dk32));
+        CPI_TRY(cpi_convert_tensor(p, &dvh, &dv32));
+    }
     CPI_TRY(cpi_a2a_to_tokens(p, &idq, send, recv, 0));
     CPI_TRY(cpi_a2a_to_tokens(p, &idk, send, recv, 1));
     CPI_TRY(cpi_a2a_to_tokens(p, &idv, send, recv, 1));
+    if (!replicas)
+        return CP_SUCCESS;
     CPI_TRY(cpi_convert_tensor(p, &udk, &dk_loc));
     return cpi_convert_tensor(p, &udv, &dv_loc);
 }
