@@ -92,6 +92,31 @@ static int rows_follow(const cpi_tokset *t, int i)
 }
 
 /*
+ * Whether a causal block over token sets tq x tk is causal over buffer rows:
+ * both the same spans in the same rows, laid out back to back in the order
+ * of their offsets. Then every earlier span is fully visible to every later
+ * one and hidden from every earlier one, exactly as the kernel's causal mask
+ * with equal query and key offsets treats buffer rows - so the whole block
+ * is one call. With zigzag p2p this is every rank's diagonal step (its early
+ * and its late chunk, whose three visible pairs were three calls): fewer,
+ * larger calls, whose blocks' fixed costs and tails weigh less.
+ */
+static int causal_over_rows(const cp_attn_plan *p, const cpi_tokset *tq, const cpi_tokset *tk)
+{
+    if (p->d.mask != CP_MASK_CAUSAL || tq->n < 2 || tq->n != tk->n)
+        return 0;
+    for (int i = 0; i < tq->n; i++) {
+        if (tq->span[i].offset != tk->span[i].offset || tq->span[i].len != tk->span[i].len ||
+            tq->row[i] != tk->row[i])
+            return 0;
+        if (i + 1 < tq->n &&
+            (!rows_follow(tq, i) || tq->span[i + 1].offset < tq->span[i].offset + tq->span[i].len))
+            return 0;
+    }
+    return 1;
+}
+
+/*
  * Pairs that the mask leaves fully visible need no mask, so neighbouring
  * ones whose rows are adjacent in the buffers go in one call: a rectangle of
  * query spans [i0, i1] x key spans [j0, j1], grown greedily - first along
@@ -105,6 +130,20 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward
     const cpi_tokset *tq = io->tq, *tk = io->tk;
     cp_kernel_attn_args a;
     base_args(p, io, &a);
+    const int track = backward && io->drow;
+    if (causal_over_rows(p, tq, tk)) {
+        int64_t n = 0;
+        a.drow_ready = track;
+        for (int i = 0; i < tq->n; i++) {
+            n += tq->span[i].len;
+            a.drow_ready &= track && io->drow_ready[i];
+        }
+        const int64_t off = tq->span[0].offset;
+        cp_status s = call(p, io, &a, tq->row[0], n, off, tk->row[0], n, off, CP_MASK_CAUSAL, backward);
+        for (int i = 0; track && s == CP_SUCCESS && i < tq->n; i++)
+            io->drow_ready[i] = 1;
+        return s;
+    }
     unsigned char *done = cpi_calloc((size_t)tq->n * (size_t)tk->n, 1);
     if (!done)
         return CP_ERROR_OUT_OF_MEMORY;
@@ -134,7 +173,6 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward
             for (int j = j0; j <= j1; j++)
                 nk += tk->span[j].len;
             /* rowsum(dO * O): read if an earlier call stored all these rows */
-            const int track = backward && io->drow;
             a.drow_ready = track;
             for (int i = i0; track && i <= i1; i++)
                 a.drow_ready &= io->drow_ready[i];
