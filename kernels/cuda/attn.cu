@@ -282,14 +282,16 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     scratch w;
     if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
         return r;
-    // rowsum(dO * O) into the workspace's dense copy: taken from the
-    // caller's a->drow when an earlier call stored it there (a->drow_ready),
-    // computed and stored there otherwise, computed alone without a->drow
-    // or with INFINICP_CUDA_DROW=0 (for comparison; bench/NOTES.md).
-    p.drow = static_cast<float *>(w.base);
-    p.drow_in = s->drow_reuse && a->drow && a->drow_ready ? a->drow : nullptr;
-    p.drow_out = s->drow_reuse && a->drow && !a->drow_ready ? a->drow : nullptr;
-    r = launch_drow(s, p);
+    // rowsum(dO * O): the kernels read it where the caller keeps it
+    // (a->drow, laid out like lse), computed into it first unless an earlier
+    // call stored it there (a->drow_ready); without a->drow, or with
+    // INFINICP_CUDA_DROW=0 (for comparison; bench/NOTES.md), it is computed
+    // into a dense buffer at the start of the workspace.
+    const bool caller = s->drow_reuse && a->drow;
+    p.drow = caller ? a->drow : static_cast<float *>(w.base);
+    p.drb = caller ? p.lsb : (int64_t)p.H * p.Sq;
+    p.drh = caller ? p.lsh : p.Sq;
+    r = caller && a->drow_ready ? CP_SUCCESS : launch_drow(s, p);
     if (r == CP_SUCCESS) {
         if (path == PATH_MMA)
             r = mma_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p), use_wgmma_bwd(s, p));

@@ -157,7 +157,7 @@ __global__ void bwd_elem_kernel(attn_params p, int64_t b, int h, int64_t r0, con
     const int64_t i = blockIdx.x, qi = r0 + i;
     const int64_t nvis = visible_keys(p, qi);
     const float lse2 = lse2_of(p.lse[b * p.lsb + h * p.lsh + qi]);
-    const float dr = p.drow[((int64_t)b * p.H + h) * p.Sq + qi];
+    const float dr = p.drow[b * p.drb + h * p.drh + qi];
     for (int64_t j = threadIdx.x; j < p.Sk; j += blockDim.x) {
         const int64_t e = i * p.Sk + j;
         const float pv = j < nvis ? exp2f(S[e] * p.c - lse2) : 0.0f;

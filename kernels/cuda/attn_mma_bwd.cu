@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
             for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
                 const int64_t i = i0 + e;
                 lse2s[e] = i < p.Sq ? lse2_of(p.lse[b * p.lsb + h * p.lsh + i]) : INFINITY;
-                drs[e] = i < p.Sq ? p.drow[((int64_t)b * p.H + h) * p.Sq + i] : 0.0f;
+                drs[e] = i < p.Sq ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
             }
             cp_async_wait_all();
             __syncthreads();
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(128) dq_mma_kernel(attn_params p)
     for (int r = 0; r < 2; r++) {
         const int64_t i = row0 + r * 8;
         lse2[r] = i < p.Sq ? lse2_of(p.lse[b * p.lsb + h * p.lsh + i]) : INFINITY;
-        dr[r] = i < p.Sq ? p.drow[((int64_t)b * p.H + h) * p.Sq + i] : 0.0f;
+        dr[r] = i < p.Sq ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
     }
     float adq[DP / 8][4];
 #pragma unroll

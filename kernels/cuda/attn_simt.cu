@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(R * TPR) dkdv_kernel(attn_params p)
             for (int e = threadIdx.x; e < R; e += blockDim.x) {
                 const int64_t i = i0 + e;
                 lse2s[e] = i < p.Sq ? lse2_of(p.lse[b * p.lsb + h * p.lsh + i]) : INFINITY;
-                drs[e] = i < p.Sq ? p.drow[((int64_t)b * p.H + h) * p.Sq + i] : 0.0f;
+                drs[e] = i < p.Sq ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
             }
             __syncthreads();
 #pragma unroll
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(R * TPR) dq_kernel(attn_params p)
     zero_tile<R>(dQs, QP, D);
     __syncthreads();
     const float lse2 = i < p.Sq ? lse2_of(p.lse[b * p.lsb + h * p.lsh + i]) : INFINITY;
-    const float dr = i < p.Sq ? p.drow[((int64_t)b * p.H + h) * p.Sq + i] : 0.0f;
+    const float dr = i < p.Sq ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
     const int64_t kend = visible_keys(p, i0 + nq - 1);
     for (int64_t k0 = 0; k0 < kend; k0 += R) {
         __syncthreads();

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
             const uint32_t dst = Ls + (st * 2 * BQ + threadIdx.x) * 4;
             if (i < p.Sq)
                 cp_async4_to(dst, is_lse ? (const void *)(p.lse + b * p.lsb + h * p.lsh + i)
-                                         : (const void *)(p.drow + ((int64_t)b * p.H + h) * p.Sq + i));
+                                         : (const void *)(p.drow + b * p.drb + h * p.drh + i));
             else
                 st_shared_f32(dst, is_lse ? -INFINITY : 0.0f); // P = 0 for rows past the end
         }

@@ -84,9 +84,11 @@ struct attn_params {
     float c;            // scale * log2(e): scores are kept in base 2
     cp_dtype dt, odt, gdt;
     int accumulate, grad_accumulate;
-    float *drow;        // backward: rowsum(dO * O), [B][H][Sq] in the workspace
-    const float *drow_in; // backward: the caller's stored rowsum (laid out like lse) to read, or NULL
-    float *drow_out;    // backward: where to store the rowsum for the caller (laid out like lse), or NULL
+    // Backward: rowsum(dO * O) of row (b, h, s) at drow + b*drb + h*drh + s:
+    // the caller's cp_kernel_attn_args.drow (laid out like lse), or a dense
+    // [B][H][Sq] buffer in the workspace.
+    float *drow;
+    int64_t drb, drh;
     int vec;            // q, k, v (and dout) allow 16-byte loads of head rows
     // Backward with atomics (mma path, deterministic = 0): the fp32 tensor dq
     // is summed into (dq itself for F32 grads, else a workspace buffer), the

@@ -85,22 +85,14 @@ __global__ void drow_kernel(attn_params p)
          r += (int64_t)gridDim.x * blockDim.x / 32) {
         const int64_t i = r % p.Sq, bh = r / p.Sq, b = bh / p.H;
         const int h = (int)(bh % p.H);
-        const int64_t l = b * p.lsb + h * p.lsh + i; // the row in the caller's lse layout
+        const int64_t od = at(p.dout, b, i, h), oo = at(p.o, b, i, h);
         float sum = 0.0f;
-        if (p.drow_in) { // stored by an earlier call over these rows
-            sum = p.drow_in[l];
-        } else {
-            const int64_t od = at(p.dout, b, i, h), oo = at(p.o, b, i, h);
-            for (int d = lane; d < p.Dv; d += 32)
-                sum += ld_f(p.dout.p, p.odt, od + d) * ld_f(p.o.p, p.odt, oo + d);
-            for (int m = 16; m; m >>= 1)
-                sum += __shfl_xor_sync(0xffffffffu, sum, m);
-        }
-        if (lane == 0) {
-            p.drow[r] = sum;
-            if (p.drow_out)
-                p.drow_out[l] = sum;
-        }
+        for (int d = lane; d < p.Dv; d += 32)
+            sum += ld_f(p.dout.p, p.odt, od + d) * ld_f(p.o.p, p.odt, oo + d);
+        for (int m = 16; m; m >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, m);
+        if (lane == 0)
+            p.drow[b * p.drb + h * p.drh + i] = sum;
     }
 }
 
