@@ -841,30 +841,49 @@ static kcase split_case(size_t i)
     return c;
 }
 
+/* Split case ci with its inputs from seed, and the reference output and LSE
+ * that its backward takes. */
+static void split_fixture(size_t ci, uint64_t seed, fixture *f, tensor *o, float **lse)
+{
+    const kcase c = split_case(ci);
+    fixture_init(f, &c, seed);
+    *o = reference_o(f, f->c.o_dtype);
+    *lse = reference_lse(f);
+}
+
+/* The backward of split case ci over its three key blocks, added into g.
+ * With drow, the first call stores rowsum(dO * O) there and the others
+ * read it. */
+static void backward_over_cuts(cp_context *ctx, const fixture *f, const tensor *o, float *lse, grads *g, size_t ci,
+                               float *drow)
+{
+    for (int n = 0; n < 3; n++) {
+        cp_kernel_attn_args a = backward_args(f, o, lse, g);
+        restrict_keys(&a, f, split_cuts[ci][n], split_cuts[ci][n + 1], g);
+        a.grad_accumulate = 1;
+        a.drow = drow;
+        a.drow_ready = drow && n > 0;
+        backward_ok(ctx, &a);
+    }
+}
+
 /* Backward over key blocks, adding into dQ (and into slices of dK, dV), equals
  * one call; adding into existing values adds exactly the gradient. */
 static void test_backward_accumulate(void **state)
 {
     (void)state;
     for (size_t ci = 0; ci < SPLIT_CASES; ci++) {
-        const kcase c = split_case(ci);
-        const int64_t *cuts = split_cuts[ci];
         fixture f;
-        fixture_init(&f, &c, 40 + ci);
+        tensor o;
+        float *lse;
+        split_fixture(ci, 40 + ci, &f, &o, &lse);
         const ref_attn_shape *s = &f.c.s;
-        tensor o = reference_o(&f, f.c.o_dtype);
-        float *lse = reference_lse(&f);
         double tol = tol_for(f.c.o_dtype, 1);
         for (int xi = 0; xi < nctx; xi += 2) {
             cp_context *ctx = ctxs[xi].ctx;
             grads g = new_grads(&f, CP_DTYPE_F32);
             fill_tensor(&g.dq, 0), fill_tensor(&g.dk, 0), fill_tensor(&g.dv, 0);
-            for (int n = 0; n < 3; n++) {
-                cp_kernel_attn_args a = backward_args(&f, &o, lse, &g);
-                restrict_keys(&a, &f, cuts[n], cuts[n + 1], &g);
-                a.grad_accumulate = 1;
-                backward_ok(ctx, &a);
-            }
+            backward_over_cuts(ctx, &f, &o, lse, &g, ci, NULL);
             char where[64];
             snprintf(where, sizeof where, "over key blocks on %s", ctxs[xi].name);
             check_grads(&f, &g, tol, where);
@@ -904,13 +923,11 @@ static void test_backward_drow(void **state)
 {
     (void)state;
     for (size_t ci = 0; ci < SPLIT_CASES; ci++) {
-        const kcase c = split_case(ci);
-        const int64_t *cuts = split_cuts[ci];
         fixture f;
-        fixture_init(&f, &c, 60 + ci);
+        tensor o;
+        float *lse;
+        split_fixture(ci, 60 + ci, &f, &o, &lse);
         const ref_attn_shape *s = &f.c.s;
-        tensor o = reference_o(&f, f.c.o_dtype);
-        float *lse = reference_lse(&f);
         const size_t nrows = ref_attn_lse_elems(s);
         /* the FP64 rowsum of dO and O as the kernels read them */
         double *ref = calloc(nrows, sizeof(double)), *ov = read_tensor(&o), *dov = read_tensor(&f.tdo);
@@ -929,21 +946,10 @@ static void test_backward_drow(void **state)
             cp_context *ctx = ctxs[xi].ctx;
             grads plain = new_grads(&f, CP_DTYPE_F32), reuse = new_grads(&f, CP_DTYPE_F32);
             float *drow = new_lse(s, NAN);
-            for (int n = 0; n < 3; n++) {
-                grads *gs[2] = {&plain, &reuse};
-                for (int v = 0; v < 2; v++) {
-                    if (n == 0)
-                        fill_tensor(&gs[v]->dq, 0), fill_tensor(&gs[v]->dk, 0), fill_tensor(&gs[v]->dv, 0);
-                    cp_kernel_attn_args a = backward_args(&f, &o, lse, gs[v]);
-                    restrict_keys(&a, &f, cuts[n], cuts[n + 1], gs[v]);
-                    a.grad_accumulate = 1;
-                    if (v == 1) {
-                        a.drow = drow;
-                        a.drow_ready = n > 0;
-                    }
-                    backward_ok(ctx, &a);
-                }
-            }
+            fill_tensor(&plain.dq, 0), fill_tensor(&plain.dk, 0), fill_tensor(&plain.dv, 0);
+            fill_tensor(&reuse.dq, 0), fill_tensor(&reuse.dk, 0), fill_tensor(&reuse.dv, 0);
+            backward_over_cuts(ctx, &f, &o, lse, &plain, ci, NULL);
+            backward_over_cuts(ctx, &f, &o, lse, &reuse, ci, drow);
             /* whole buffers, as in run_backward: the gaps hold the same NaN in both */
             if (memcmp(plain.dq.buf, reuse.dq.buf, plain.dq.n * sizeof(float)) ||
                 memcmp(plain.dk.buf, reuse.dk.buf, plain.dk.n * sizeof(float)) ||
