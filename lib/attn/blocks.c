@@ -85,6 +85,24 @@ static cp_status call(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_a
     return ops->attn_backward(p->ctx->state, a);
 }
 
+/* call() over query spans [i0, i1] of tq (nq rows) against key spans from
+ * j0 of tk (nk rows). With a rowsum buffer (backward), the call reads it if
+ * earlier calls stored all these spans' rows, stores them otherwise. */
+static cp_status call_spans(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_attn_args *a, int i0, int i1,
+                            int64_t nq, int j0, int64_t nk, cp_mask mask, int backward)
+{
+    const cpi_tokset *tq = io->tq, *tk = io->tk;
+    const int track = backward && io->drow;
+    a->drow_ready = track;
+    for (int i = i0; track && i <= i1; i++)
+        a->drow_ready &= io->drow_ready[i];
+    cp_status s = call(p, io, a, tq->row[i0], nq, tq->span[i0].offset, tk->row[j0], nk, tk->span[j0].offset, mask,
+                       backward);
+    for (int i = i0; track && s == CP_SUCCESS && i <= i1; i++)
+        io->drow_ready[i] = 1;
+    return s;
+}
+
 /* Whether span i + 1 of t follows span i in t's rows. */
 static int rows_follow(const cpi_tokset *t, int i)
 {
@@ -130,19 +148,11 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward
     const cpi_tokset *tq = io->tq, *tk = io->tk;
     cp_kernel_attn_args a;
     base_args(p, io, &a);
-    const int track = backward && io->drow;
-    if (causal_over_rows(p, tq, tk)) {
+    if (causal_over_rows(p, tq, tk)) { /* equal spans: equal offsets too */
         int64_t n = 0;
-        a.drow_ready = track;
-        for (int i = 0; i < tq->n; i++) {
+        for (int i = 0; i < tq->n; i++)
             n += tq->span[i].len;
-            a.drow_ready &= track && io->drow_ready[i];
-        }
-        const int64_t off = tq->span[0].offset;
-        cp_status s = call(p, io, &a, tq->row[0], n, off, tk->row[0], n, off, CP_MASK_CAUSAL, backward);
-        for (int i = 0; track && s == CP_SUCCESS && i < tq->n; i++)
-            io->drow_ready[i] = 1;
-        return s;
+        return call_spans(p, io, &a, 0, tq->n - 1, n, 0, n, CP_MASK_CAUSAL, backward);
     }
     unsigned char *done = cpi_calloc((size_t)tq->n * (size_t)tk->n, 1);
     if (!done)
@@ -172,14 +182,7 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward
             }
             for (int j = j0; j <= j1; j++)
                 nk += tk->span[j].len;
-            /* rowsum(dO * O): read if an earlier call stored all these rows */
-            a.drow_ready = track;
-            for (int i = i0; track && i <= i1; i++)
-                a.drow_ready &= io->drow_ready[i];
-            s = call(p, io, &a, tq->row[i0], nq, tq->span[i0].offset, tk->row[j0], nk, tk->span[j0].offset,
-                     kind == PAIR_FULL ? CP_MASK_NONE : p->d.mask, backward);
-            for (int i = i0; track && s == CP_SUCCESS && i <= i1; i++)
-                io->drow_ready[i] = 1;
+            s = call_spans(p, io, &a, i0, i1, nq, j0, nk, kind == PAIR_FULL ? CP_MASK_NONE : p->d.mask, backward);
         }
 #undef PAIR
     free(done);
