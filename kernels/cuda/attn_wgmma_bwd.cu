@@ -43,37 +43,188 @@ constexpr int wgbwd_smem(int DP)
     return (2 * WB_BK + 4 * WB_BQ) * DP * 2 + WB_BK * WB_BQ * 2 + 2 * 2 * WB_BQ * 4 + 1024;
 }
 
+// Shared-memory addresses of one query tile's operands, for one warpgroup.
+// Fields ending in 4 are addresses >> 4, the low words of the wgmma
+// descriptors (wgmma.cuh, sw128_lo).
+struct tile_smem {
+    uint32_t ka4, va4; // this warpgroup's 64 keys of K and V
+    uint32_t kb4;      // dQ's B: K columns [dcol0, dcol0 + DP / 2), MN-major
+    uint32_t q4, o4;   // the Q and dO tiles
+    uint32_t ds;       // dS^T ([key][query])
+    uint32_t lse;      // LSE, then rowsum(dO * O), BQ floats each
+};
+
+#ifdef CP_WGMMA_BODY
+// The products of one query tile (rows i0.., head h) for this warpgroup;
+// adk / adv accumulate dK and dV of its 64 keys. ds_sync() must return once
+// both warpgroups have stored their dS^T rows (and made them visible to the
+// async proxy). Returns with every product waited for: the tile's operands
+// may be overwritten then.
+//
 // How dQ reaches the fp32 sums (bench/NOTES.md). LATE_DK (the default):
 // dK is issued after dQ, and dQ is added with 8-byte reductions straight
 // from the accumulators while the tensor cores compute dK. Without it
 // (INFINICP_CUDA_WGBWD=0, for comparison): dV and dK before the barrier,
 // and 16-byte reductions after a lane shuffle once all three are done.
+template <typename T, int DP, bool LATE_DK, typename Sync>
+__device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP / 8][4], float (&adv)[DP / 8][4],
+                                         const tile_smem &a, int64_t i0, int h, int64_t b, int64_t jrow0, int kr,
+                                         int dcol0, int warp, int g, int tq, Sync ds_sync)
+{
+    using namespace wg;
+    constexpr int BK = WB_BK, BQ = WB_BQ, NQ = BQ / 8, NH = DP / 16;
+    constexpr uint32_t L16 = 1u << 16; // K-major operands: leading byte offset 16 (unused)
+    float s[NQ][4], dp[NQ][4];
+    reg_fence(adk);
+    reg_fence(adv);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < NH; kk++) { // 64-column block kk / 4, 32 bytes per k16 step inside it
+        const uint32_t ko = ((kk >> 2) * BK * 128 + (kk & 3) * 32) >> 4, qo = ((kk >> 2) * BQ * 128 + (kk & 3) * 32) >> 4;
+        mma_ss<T, 0, 0>(s, sw128_at(a.ka4 + ko + L16), sw128_at(a.q4 + qo + L16), kk > 0);
+    }
+    wg::commit();
+#pragma unroll
+    for (int kk = 0; kk < NH; kk++) {
+        const uint32_t ko = ((kk >> 2) * BK * 128 + (kk & 3) * 32) >> 4, qo = ((kk >> 2) * BQ * 128 + (kk & 3) * 32) >> 4;
+        mma_ss<T, 0, 0>(dp, sw128_at(a.va4 + ko + L16), sw128_at(a.o4 + qo + L16), kk > 0);
+    }
+    wg::commit();
+
+    // Query columns il >= lim[r] see key row r (lim = BQ: none). No
+    // branch between here and the second wait.
+    int lim[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t j = jrow0 + r * 8;
+        const int64_t q = p.causal ? j - p.delta - i0 : 0;
+        const int64_t qc = q < 0 ? 0 : q > BQ ? BQ : q;
+        lim[r] = j < p.Sk ? (int)qc : BQ;
+    }
+    const float scale = p.scale, c2 = p.c;
+    wg::wait<1>();
+    reg_fence(s);
+#pragma unroll
+    for (int nb = 0; nb < NQ; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int il = nb * 8 + 2 * tq + (c & 1);
+            const float pv = exp2_fast(s[nb][c] * c2 - lse2_of(ld_shared_f32(a.lse + il * 4)));
+            s[nb][c] = il >= lim[c >> 1] ? pv : 0.0f;
+        }
+    reg_fence(s);
+    wg::wait<0>();
+    reg_fence(dp);
+    uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+#pragma unroll
+    for (int nb = 0; nb < NQ; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int il = nb * 8 + 2 * tq + (c & 1);
+            dp[nb][c] = scale * s[nb][c] * (dp[nb][c] - ld_shared_f32(a.lse + (BQ + il) * 4));
+        }
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) {
+        c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        c_to_a<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
+    }
+    // dS^T rows of this thread's keys, 16-byte chunk nb = queries 8 nb..
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+                st_shared_u32(a.ds + sw_off<BK>(kr + 8 * r, 2 * kk + hf) + tq * 4, da[kk][r + 2 * hf]);
+
+    // MN-major operands: 16 rows (2048 bytes) per k16 step, column blocks
+    // R * 128 bytes apart
+    constexpr uint32_t LQ = (BQ * 128) >> 4 << 16, LK = (BK * 128) >> 4 << 16;
+    reg_fence(pa);
+    reg_fence(da);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++)
+        mma_rs<T>(adv, pa[kk], sw128_at(a.o4 + kk * 128 + LQ));
+    if (!LATE_DK)
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++)
+            mma_rs<T>(adk, da[kk], sw128_at(a.q4 + kk * 128 + LQ));
+    wg::commit();
+
+    fence_proxy_async();
+    ds_sync(); // both warpgroups' dS^T rows are in
+    float dq[DP / 16][4];
+    const uint32_t ds4 = a.ds >> 4;
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++)
+        mma_ss<T, 1, 1>(dq, sw128_at(ds4 + kk * 128 + LK), sw128_at(a.kb4 + kk * 128 + LK), kk > 0);
+    wg::commit();
+    if (LATE_DK) {
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++)
+            mma_rs<T>(adk, da[kk], sw128_at(a.q4 + kk * 128 + LQ));
+        wg::commit();
+        wg::wait<1>(); // dV, dQ done; dK runs during the reductions
+        reg_fence(dq);
+        add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+    }
+    wg::wait<0>();
+    reg_fence(dq);
+    reg_fence(adk);
+    reg_fence(adv);
+    reg_fence(pa);
+    reg_fence(da);
+    if (!LATE_DK)
+        add_dq_rows(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+}
+
+// The block's keys and query tiles: keys [k0, k0 + BK) of kv head hk, batch
+// b; query tile t (of ntotal) is head hk * G + t / nt, rows i_first +
+// (t % nt) * BQ.
+struct bwd_block {
+    int64_t k0, b, i_first, nt, ntotal;
+    int hk;
+};
+
+__device__ __forceinline__ bwd_block bwd_block_of(const attn_params &p)
+{
+    bwd_block w;
+    w.k0 = (int64_t)blockIdx.x * WB_BK;
+    w.hk = blockIdx.y;
+    w.b = blockIdx.z;
+    w.i_first = first_query(p, w.k0) / WB_BQ * WB_BQ;
+    w.nt = w.i_first < p.Sq ? (p.Sq - w.i_first + WB_BQ - 1) / WB_BQ : 0; // query tiles per head
+    w.ntotal = w.nt * p.G;
+    return w;
+}
+#endif // CP_WGMMA_BODY
+
+// Every thread loads with cp.async, one __syncthreads per tile; kept for
+// tensors no tensor map describes and as INFINICP_CUDA_WGMMA_WS=0.
 template <typename T, int DP, bool LATE_DK>
 __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
 {
 #ifdef CP_WGMMA_BODY
     using namespace wg;
-    constexpr int BK = WB_BK, BQ = WB_BQ, NQ = BQ / 8, ND = DP / 8, NH = DP / 16;
+    constexpr int BK = WB_BK, BQ = WB_BQ, ND = DP / 8;
     constexpr uint32_t KB = BK * DP * 2, QB = BQ * DP * 2, SB = BK * BQ * 2; // tile bytes
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Ks = (smem_addr(smem) + 1023) & ~1023u, Vs = Ks + KB, Qs = Vs + KB, dOs = Qs + 2 * QB,
                    dSs = dOs + 2 * QB, Ls = dSs + SB; // Ls: [stage][lse | drow][BQ] floats
-    const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
-    const int64_t k0 = (int64_t)blockIdx.x * BK;
-    const int hk = blockIdx.y;
-    const int64_t b = blockIdx.z;
-    const int64_t jrow0 = k0 + wgi * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
-    const int dcol0 = wgi * (DP / 2);                    // this warpgroup's dQ columns
+    const bwd_block w = bwd_block_of(p);
+    const int64_t b = w.b, nt = w.nt, ntotal = w.ntotal;
+    const int hk = w.hk;
+    const int64_t jrow0 = w.k0 + wgi * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
+    const int dcol0 = wgi * (DP / 2);                      // this warpgroup's dQ columns
 
-    const int64_t i_first = first_query(p, k0) / BQ * BQ;
-    const int64_t nt = i_first < p.Sq ? (p.Sq - i_first + BQ - 1) / BQ : 0; // query tiles per head
-    const int64_t ntotal = nt * p.G;
-
-    // Query tile t: head hk * G + t / nt, rows i_first + (t % nt) * BQ.
     auto load_q = [&](int64_t t) {
         const int h = hk * p.G + (int)(t / nt);
-        const int64_t i0 = i_first + (t % nt) * BQ;
+        const int64_t i0 = w.i_first + (t % nt) * BQ;
         const uint32_t st = (uint32_t)(t & 1);
         load_sw<T, BQ, DP, WB_THREADS>(Qs + st * QB, p.q, b, i0, p.Sq, h, p.D);
         load_sw<T, BQ, DP, WB_THREADS>(dOs + st * QB, p.dout, b, i0, p.Sq, h, p.Dv);
@@ -91,8 +242,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
     };
 
     if (ntotal > 0) {
-        load_sw<T, BK, DP, WB_THREADS>(Ks, p.k, b, k0, p.Sk, hk, p.D);
-        load_sw<T, BK, DP, WB_THREADS>(Vs, p.v, b, k0, p.Sk, hk, p.Dv);
+        load_sw<T, BK, DP, WB_THREADS>(Ks, p.k, b, w.k0, p.Sk, hk, p.D);
+        load_sw<T, BK, DP, WB_THREADS>(Vs, p.v, b, w.k0, p.Sk, hk, p.Dv);
         load_q(0);
         cp_async_commit();
     }
@@ -104,16 +255,15 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
         for (int c = 0; c < 4; c++)
             adk[nb][c] = adv[nb][c] = 0.0f;
 
-    const uint32_t ka = Ks + wgi * 64 * 128, va = Vs + wgi * 64 * 128; // this warpgroup's 64 keys
-    // dQ's B = K columns [dcol0, dcol0 + DP / 2), MN-major
-    const uint32_t kb = Ks + (dcol0 >> 6) * BK * 128 + (dcol0 & 63) * 2;
-    const float scale = p.scale, c2 = p.c;
-
+    tile_smem a;
+    a.ka4 = (Ks + wgi * 64 * 128) >> 4, a.va4 = (Vs + wgi * 64 * 128) >> 4;
+    a.kb4 = (Ks + (dcol0 >> 6) * BK * 128 + (dcol0 & 63) * 2) >> 4;
+    a.ds = dSs;
     for (int64_t t = 0; t < ntotal; t++) {
         const int h = hk * p.G + (int)(t / nt);
-        const int64_t i0 = i_first + (t % nt) * BQ;
+        const int64_t i0 = w.i_first + (t % nt) * BQ;
         const uint32_t st = (uint32_t)(t & 1);
-        const uint32_t qt = Qs + st * QB, ot = dOs + st * QB, lt = Ls + st * 2 * BQ * 4;
+        a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * 2 * BQ * 4;
         cp_async_wait_all();
         fence_proxy_async(); // tiles written through the generic proxy, read by wgmma through the async one
         __syncthreads();     // tile t is in; every product of tile t - 1 is done
@@ -121,106 +271,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
             load_q(t + 1);
             cp_async_commit();
         }
-
-        float s[NQ][4], dp[NQ][4];
-        reg_fence(adk);
-        reg_fence(adv);
-        wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < NH; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
-            mma_ss<T, 0, 0>(s, sw128_desc(ka + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16),
-                            sw128_desc(qt + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16), kk > 0);
-        wg::commit();
-#pragma unroll
-        for (int kk = 0; kk < NH; kk++)
-            mma_ss<T, 0, 0>(dp, sw128_desc(va + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16),
-                            sw128_desc(ot + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16), kk > 0);
-        wg::commit();
-
-        // Query columns il >= lim[r] see key row r (lim = BQ: none). No
-        // branch between here and the second wait.
-        int lim[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int64_t j = jrow0 + r * 8;
-            const int64_t q = p.causal ? j - p.delta - i0 : 0;
-            const int64_t qc = q < 0 ? 0 : q > BQ ? BQ : q;
-            lim[r] = j < p.Sk ? (int)qc : BQ;
-        }
-        wg::wait<1>();
-        reg_fence(s);
-#pragma unroll
-        for (int nb = 0; nb < NQ; nb++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int il = nb * 8 + 2 * tq + (c & 1);
-                const float pv = exp2_fast(s[nb][c] * c2 - lse2_of(ld_shared_f32(lt + il * 4)));
-                s[nb][c] = il >= lim[c >> 1] ? pv : 0.0f;
-            }
-        reg_fence(s);
-        wg::wait<0>();
-        reg_fence(dp);
-        uint32_t pa[BQ / 16][4], da[BQ / 16][4];
-#pragma unroll
-        for (int nb = 0; nb < NQ; nb++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int il = nb * 8 + 2 * tq + (c & 1);
-                dp[nb][c] = scale * s[nb][c] * (dp[nb][c] - ld_shared_f32(lt + (BQ + il) * 4));
-            }
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) {
-            c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-            c_to_a<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
-        }
-        // dS^T rows of this thread's keys, 16-byte chunk nb = queries 8 nb..
-        const int kr = wgi * 64 + warp * 16 + g;
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++)
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++)
-                    st_shared_u32(dSs + sw_off<BK>(kr + 8 * r, 2 * kk + hf) + tq * 4, da[kk][r + 2 * hf]);
-
-        reg_fence(pa);
-        reg_fence(da);
-        wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) // 16 query rows = 2048 bytes per step
-            mma_rs<T>(adv, pa[kk], sw128_desc(ot + kk * 2048, BQ * 128));
-        if (!LATE_DK)
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-                mma_rs<T>(adk, da[kk], sw128_desc(qt + kk * 2048, BQ * 128));
-        wg::commit();
-
-        fence_proxy_async();
-        __syncthreads(); // both warpgroups' dS^T rows are in
-        float dq[DP / 16][4];
-        wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) // 16 keys = 2048 bytes per step
-            mma_ss<T, 1, 1>(dq, sw128_desc(dSs + kk * 2048, BK * 128), sw128_desc(kb + kk * 2048, BK * 128),
-                            kk > 0);
-        wg::commit();
-        if (LATE_DK) {
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-                mma_rs<T>(adk, da[kk], sw128_desc(qt + kk * 2048, BQ * 128));
-            wg::commit();
-            wg::wait<1>(); // dV, dQ done; dK runs during the reductions
-            reg_fence(dq);
-            add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
-        }
-        wg::wait<0>();
-        reg_fence(dq);
-        reg_fence(adk);
-        reg_fence(adv);
-        reg_fence(pa);
-        reg_fence(da);
-        if (!LATE_DK)
-            add_dq_rows(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+        bwd_tile<T, DP, LATE_DK>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g, tq,
+                                 [] { __syncthreads(); });
     }
     if (p.grad_accumulate && ntotal == 0)
         return; // no query sees these keys: nothing to add
@@ -230,16 +282,150 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
 #endif
 }
 
+// Tensor maps of the warp-specialised kernel, in this order.
+enum { MQ, MK, MV, MDO, MLSE, MDROW, NMAPS };
+using wb_maps = wg::tmaps<NMAPS>;
+
+constexpr int WS_THREADS = 384; // a loader warpgroup and the two consumers
+constexpr int WS_STAGES = 2;    // Q / dO / LSE / rowsum stages
+
+// Bytes of dynamic shared memory: K, V, the Q / dO stages, two dS^T buffers,
+// the LSE / rowsum stages, the mbarriers (8 bytes each) and the alignment.
+constexpr int wgbwd_ws_smem(int DP)
+{
+    return (2 * WB_BK + 2 * WS_STAGES * WB_BQ) * DP * 2 + 2 * WB_BK * WB_BQ * 2 + WS_STAGES * 2 * WB_BQ * 4 +
+           8 * (1 + 2 * WS_STAGES) + 1024;
+}
+
+// The same computation with a loader warpgroup whose first thread issues
+// every copy through TMA: K and V once, then per query tile Q, dO, their LSE
+// and rowsum(dO * O) into one of WS_STAGES stages, each with a "full"
+// mbarrier the copies complete and an "empty" one the 8 consumer warps
+// arrive on once their products have read it. Rows past Sq arrive as zeros
+// (LSE 0, rowsum 0, Q and dO rows 0: their P is 1 but every product it
+// enters has a zero factor, and their dQ is never stored). No block-wide
+// barrier is left in the loop: the consumers meet once per tile, at the
+// named barrier that publishes dS^T, which is double-buffered (a warpgroup
+// writes tile t + 1's rows only after passing tile t's barrier, which the
+// other warpgroup reaches only after its dQ of tile t - 1 is done).
+template <typename T, int DP>
+__global__ void __launch_bounds__(WS_THREADS, 1) bwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wb_maps mp)
+{
+#ifdef CP_WGMMA_BODY
+    using namespace wg;
+    constexpr int BK = WB_BK, BQ = WB_BQ, ND = DP / 8, ST = WS_STAGES;
+    constexpr uint32_t KB = BK * DP * 2, QB = BQ * DP * 2, SB = BK * BQ * 2, LB = 2 * BQ * 4; // bytes
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t Ks = (smem_addr(smem) + 1023) & ~1023u, Vs = Ks + KB, Qs = Vs + KB, dOs = Qs + ST * QB,
+                   dSs = dOs + ST * QB, Ls = dSs + 2 * SB, kvfull = Ls + ST * LB, full = kvfull + 8,
+                   empty = full + 8 * ST;
+    const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
+    const int lane = threadIdx.x & 31;
+    const bwd_block w = bwd_block_of(p);
+    const int64_t b = w.b, nt = w.nt, ntotal = w.ntotal;
+    const int hk = w.hk;
+
+    if (threadIdx.x == 0) {
+        mbar_init(kvfull, 1);
+        for (int st = 0; st < ST; st++)
+            mbar_init(full + 8 * st, 1), mbar_init(empty + 8 * st, 8); // 8 consumer warps release a stage
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wgi == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (threadIdx.x == 0 && ntotal > 0) {
+            mbar_expect_tx(kvfull, 2 * KB);
+            tma_tile<BK, DP>(Ks, mp, MK, kvfull, (int)w.k0, hk, (int)b);
+            tma_tile<BK, DP>(Vs, mp, MV, kvfull, (int)w.k0, hk, (int)b);
+            for (int64_t t = 0; t < ntotal; t++) {
+                const int st = (int)(t % ST);
+                const int h = hk * p.G + (int)(t / nt), i0 = (int)(w.i_first + (t % nt) * BQ);
+                if (t >= ST)
+                    mbar_wait(empty + 8 * st, (uint32_t)((t / ST) + 1) & 1);
+                const uint32_t bar = full + 8 * st;
+                mbar_expect_tx(bar, 2 * QB + LB);
+                tma_tile<BQ, DP>(Qs + st * QB, mp, MQ, bar, i0, h, (int)b);
+                tma_tile<BQ, DP>(dOs + st * QB, mp, MDO, bar, i0, h, (int)b);
+                tma_box(Ls + st * LB, mp, MLSE, bar, i0, 0, h, (int)b);
+                tma_box(Ls + st * LB + BQ * 4, mp, MDROW, bar, i0, 0, h, (int)b);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+        const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
+        const int g = lane >> 2, tq = lane & 3;
+        const int64_t jrow0 = w.k0 + c * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
+        const int dcol0 = c * (DP / 2);                      // this warpgroup's dQ columns
+        float adk[ND][4], adv[ND][4];
+#pragma unroll
+        for (int nb = 0; nb < ND; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                adk[nb][e] = adv[nb][e] = 0.0f;
+
+        tile_smem a;
+        a.ka4 = (Ks + c * 64 * 128) >> 4, a.va4 = (Vs + c * 64 * 128) >> 4;
+        a.kb4 = (Ks + (dcol0 >> 6) * BK * 128 + (dcol0 & 63) * 2) >> 4;
+        if (ntotal > 0)
+            mbar_wait(kvfull, 0);
+        for (int64_t t = 0; t < ntotal; t++) {
+            const int h = hk * p.G + (int)(t / nt);
+            const int64_t i0 = w.i_first + (t % nt) * BQ;
+            const int st = (int)(t % ST);
+            a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * LB;
+            a.ds = dSs + (uint32_t)(t & 1) * SB;
+            mbar_wait(full + 8 * st, (uint32_t)(t / ST) & 1);
+            bwd_tile<T, DP, true>(p, adk, adv, a, i0, h, b, jrow0, c * 64 + warp * 16 + g, dcol0, warp, g, tq,
+                                  [] { named_sync(1); });
+            mbar_arrive_warp(empty + 8 * st, lane); // tile t's stage is read
+        }
+        if (p.grad_accumulate && ntotal == 0)
+            return; // no query sees these keys: nothing to add
+        store_dkdv_rows(p, adk, adv, b, hk, jrow0, 0, tq);
+    }
+#else
+    (void)p, (void)mp;
+#endif
+}
+
+// The maps of the warp-specialised kernel; false where one of its tensors has
+// none (the cp.async kernel runs then).
+bool make_maps(wb_maps &mp, const attn_params &p)
+{
+    using wg::make_map;
+    if (p.Sq > INT32_MAX || p.Sk > INT32_MAX)
+        return false;
+    return make_map(&mp.m[MQ], mp.pos[MQ], p.q, p.dt, p.Sq, p.H, p.B, p.D, WB_BQ) &&
+           make_map(&mp.m[MDO], mp.pos[MDO], p.dout, p.dt, p.Sq, p.H, p.B, p.Dv, WB_BQ) &&
+           make_map(&mp.m[MK], mp.pos[MK], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WB_BK) &&
+           make_map(&mp.m[MV], mp.pos[MV], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WB_BK) &&
+           wg::make_row_map(&mp.m[MLSE], mp.pos[MLSE], p.lse, p.Sq, p.H, p.lsh, p.B, p.lsb, WB_BQ) &&
+           wg::make_row_map(&mp.m[MDROW], mp.pos[MDROW], p.drow, p.Sq, p.H, p.drh, p.B, p.drb, WB_BQ);
+}
+
 template <typename T, int DP>
 cp_status launch(state *s, const attn_params &p)
 {
+    dim3 grid((unsigned)((p.Sk + WB_BK - 1) / WB_BK), (unsigned)p.Hkv, (unsigned)p.B);
+    wb_maps mp;
+    if (!s->wgmma_cp && !s->wgbwd_early_dk && wgbwd_ws_smem(DP) <= s->smem_optin && make_maps(mp, p)) {
+        constexpr int bytes = wgbwd_ws_smem(DP);
+        auto kernel = bwd_wgmma_ws_kernel<T, DP>;
+        const char *what = "attention backward dK/dV/dQ (wgmma, warp-specialised)";
+        cp_status r = allow_smem((const void *)kernel, bytes, what);
+        if (r != CP_SUCCESS)
+            return r;
+        kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp);
+        return check_launch(what);
+    }
     constexpr int bytes = wgbwd_smem(DP);
     auto kernel = s->wgbwd_early_dk ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;
     const char *what = "attention backward dK/dV/dQ (wgmma)";
     cp_status r = allow_smem((const void *)kernel, bytes, what);
     if (r != CP_SUCCESS)
         return r;
-    dim3 grid((unsigned)((p.Sk + WB_BK - 1) / WB_BK), (unsigned)p.Hkv, (unsigned)p.B);
     kernel<<<grid, WB_THREADS, bytes, s->stream>>>(p);
     return check_launch(what);
 }

@@ -36,8 +36,6 @@
 // (24) to the consumers (240). The first kernel (fwd_wgmma_kernel: every
 // thread loads with cp.async, one __syncthreads per tile) is kept for tensors
 // a tensor map cannot describe and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
-#include <cudaTypedefs.h>
-
 // Only sm_90a has wgmma; every other target compiles an empty kernel that
 // the dispatch never launches (wgmma_fits). wgmma.cuh defines CP_WGMMA_BODY
 // there and holds the primitives both wgmma kernels use.
@@ -68,20 +66,22 @@ constexpr int wgmma_ws_smem(int DP)
     return wgmma_smem(DP) + 8 * (1 + 2 * WG_KSTAGES + 2 * WG_VSTAGES);
 }
 
-// Tensor maps of q, k and v (in this order) for the loader: dimension 0 the
-// head columns, 1..3 the rows, heads and batches ordered by stride; pos[t]
-// says which dimension holds tensor t's rows, heads and batches.
-struct wg_maps {
-    CUtensorMap m[3];
-    int pos[3][3];
-};
+// Tensor maps of q, k and v (in this order) for the loader.
+using wg_maps = wg::tmaps<3>;
 
 #ifdef CP_WGMMA_BODY
 
 using wg::fence_proxy_async;
+using wg::mbar_arrive_warp;
+using wg::mbar_expect_tx;
+using wg::mbar_init;
+using wg::mbar_wait;
+using wg::named_arrive;
+using wg::named_sync;
 using wg::reg_fence;
 using wg::sw128_desc;
 using wg::sw_off;
+using wg::tma_tile;
 
 // --- the per-tile steps both kernels take (per consumer warpgroup) ---
 
@@ -164,75 +164,6 @@ __device__ __forceinline__ void last_pv(float (&o)[DP / 8][4], uint32_t (&pa)[WG
     issue_pv<T, DP>(o, pa, vt);
     wg::wait<0>();
     reg_fence(o);
-}
-
-// --- the warp-specialised kernel's synchronisation and copies ---
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// The loader's arrival on a full barrier, announcing the bytes its copies
-// will complete on it.
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-// One arrival per warp (lane 0), as a predicated instruction: a branch here
-// would sit between two wgmma waits.
-__device__ __forceinline__ void mbar_arrive_warp(uint32_t bar, int lane)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(
-                     bar),
-                 "r"(lane)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred p;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-
-// Named barriers 1 and 2 (0 is __syncthreads) over the 256 consumer threads.
-__device__ __forceinline__ void named_sync(int id)
-{
-    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
-}
-
-__device__ __forceinline__ void named_arrive(int id)
-{
-    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
-}
-
-// Box (64 columns x rows) at coordinates c of a 4-d tensor map into dst.
-__device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2,
-                                          int c3)
-{
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, "
-                 "%5, %6}], [%2];\n" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-                 : "memory");
-}
-
-
-// Rows [r, r + R) of head hd, batch bt of tensor t of the maps (columns [0,
-// DP), zero past the tensor's edges) into the swizzled R x DP tile at dst; the
-// copies complete on bar.
-template <int R, int DP>
-__device__ __forceinline__ void tma_tile(uint32_t dst, const wg_maps &mp, int t, uint32_t bar, int r, int hd, int bt)
-{
-    const int pr = mp.pos[t][0], ph = mp.pos[t][1];
-    const int c1 = pr == 1 ? r : ph == 1 ? hd : bt, c2 = pr == 2 ? r : ph == 2 ? hd : bt;
-    const int c3 = pr == 3 ? r : ph == 3 ? hd : bt;
-#pragma unroll
-    for (int kb = 0; kb < DP / 64; kb++)
-        tma_load4(dst + kb * R * 128, &mp.m[t], bar, kb * 64, c1, c2, c3);
 }
 
 #endif // CP_WGMMA_BODY
@@ -397,86 +328,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
 #endif
 }
 
-using encode_fn = PFN_cuTensorMapEncodeTiled_v12000;
-
-// The driver's tensor-map encoder (the module links only the runtime), or
-// NULL where the driver has none.
-encode_fn tensor_map_encoder()
-{
-    static const encode_fn fn = [] {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-#else
-        cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
-#endif
-        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
-            (void)cudaGetLastError(); // not sticky; clear it for check_launch
-            return (encode_fn) nullptr;
-        }
-        return reinterpret_cast<encode_fn>(f);
-    }();
-    return fn;
-}
-
-// Map *map over columns [0, dim) x rows [0, n) x heads [0, nh) x batches
-// [0, nb) of t, in boxes of 64 columns x `rows` rows, 128-byte swizzled;
-// pos as in wg_maps. False where no map describes t (a dimension of more than
-// one index with a stride of 0 or below, or beyond what the copy engine
-// takes); the caller then loads with cp.async.
-bool make_map(CUtensorMap *map, int (&pos)[3], const tensor &t, cp_dtype dt, int64_t n, int nh, int nb, int dim,
-              int rows)
-{
-    const encode_fn encode = tensor_map_encoder();
-    if (!encode)
-        return false;
-    struct axis {
-        int64_t size, stride; // stride in elements
-        uint32_t box;
-        int which; // 0 rows, 1 heads, 2 batches
-    } ax[3] = {{n, t.ss, (uint32_t)rows, 0}, {nh, t.sh, 1, 1}, {nb, t.sb, 1, 2}};
-    const int64_t lim = (int64_t)1 << 38; // strides below 2^40 bytes
-    for (axis &a : ax)
-        if (a.size > 1 && (a.stride <= 0 || a.stride >= lim))
-            return false;
-    // dimensions of one index last (their stride is never used, but must be valid)
-    auto key = [](const axis &a) { return a.size > 1 ? a.stride : INT64_MAX; };
-    for (int i = 1; i < 3; i++)
-        for (int j = i; j > 0 && key(ax[j]) < key(ax[j - 1]); j--) {
-            const axis x = ax[j];
-            ax[j] = ax[j - 1], ax[j - 1] = x;
-        }
-    cuuint64_t gdim[4] = {(cuuint64_t)dim, 0, 0, 0}, gstride[3];
-    cuuint32_t box[4] = {64, 0, 0, 0}, estr[4] = {1, 1, 1, 1};
-    int64_t prev = 8; // elements (16 bytes)
-    for (int i = 0; i < 3; i++) {
-        const int64_t st = ax[i].size > 1 ? ax[i].stride : prev;
-        if (st >= lim || ax[i].size > ((int64_t)1 << 31))
-            return false;
-        gdim[i + 1] = (cuuint64_t)ax[i].size;
-        gstride[i] = (cuuint64_t)st * 2;
-        box[i + 1] = ax[i].box;
-        pos[ax[i].which] = i + 1;
-        prev = st;
-    }
-    const CUtensorMapDataType type =
-        dt == CP_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    const CUresult r = encode(map, type, 4, const_cast<void *>(t.p), gdim, gstride, box, estr,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS;
-}
-
 template <typename T, int DP>
 cp_status launch(state *s, const attn_params &p)
 {
     const dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
     wg_maps mp;
     if (!s->wgmma_cp && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
-        make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
-        make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
-        make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
+        wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
+        wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
+        wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
         constexpr int bytes = wgmma_ws_smem(DP);
         auto kernel = fwd_wgmma_ws_kernel<T, DP>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");

@@ -53,7 +53,7 @@ struct state {
     int deterministic;                // backward bitwise reproducible (no atomics); 0 = fastest
     int bwd_warps;                    // warps of the atomic backward's blocks (tuning; 0 = default)
     int drow_reuse;                   // take cp_kernel_attn_args.drow (INFINICP_CUDA_DROW=0: no)
-    int wgmma_cp;                     // wgmma forward: 1 = the cp.async kernel, not the TMA one (tuning)
+    int wgmma_cp;                     // wgmma kernels: 1 = the cp.async ones, not the TMA ones (tuning)
     int wgbwd_early_dk;               // wgmma backward: the old product order (tuning; attn_wgmma_bwd.cu)
 };
 

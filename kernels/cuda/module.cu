@@ -100,7 +100,7 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->fwd_mt = mt && !strcmp(mt, "1") ? 1 : 0;
     const char *bw = getenv("INFINICP_CUDA_BWD_WARPS"); // tuning knob, see attn_mma_bwd.cu
     s->bwd_warps = bw && !strcmp(bw, "8") ? 8 : 0;
-    const char *ws = getenv("INFINICP_CUDA_WGMMA_WS"); // tuning knob, see attn_wgmma_fwd.cu
+    const char *ws = getenv("INFINICP_CUDA_WGMMA_WS"); // tuning knob, see attn_wgmma_fwd.cu, attn_wgmma_bwd.cu
     s->wgmma_cp = ws && !strcmp(ws, "0");
     const char *wb = getenv("INFINICP_CUDA_WGBWD"); // tuning knob, see attn_wgmma_bwd.cu
     s->wgbwd_early_dk = wb && !strcmp(wb, "0");

@@ -25,6 +25,7 @@
 #ifndef INFINICP_KERNELS_CUDA_WGMMA_CUH
 #define INFINICP_KERNELS_CUDA_WGMMA_CUH
 
+#include <cudaTypedefs.h>
 #include <type_traits>
 
 #include "mma.cuh"
@@ -35,6 +36,31 @@
 
 namespace cu {
 namespace wg {
+
+// N tensor maps for a loader: dimension 0 the contiguous one (head columns,
+// or the sequence of a row map), 1..3 the rows, heads and batches ordered by
+// stride; pos[t] says which dimension holds tensor t's rows, heads and
+// batches.
+template <int N>
+struct tmaps {
+    CUtensorMap m[N];
+    int pos[N][3];
+};
+
+// Map *map over columns [0, dim) x rows [0, n) x heads [0, nh) x batches
+// [0, nb) of the 16-bit tensor t, in boxes of 64 columns x `rows` rows,
+// 128-byte swizzled (the layout of load_sw). False where no map describes t
+// (a dimension of more than one index with a stride of 0 or below, not a
+// multiple of 16 bytes, or beyond what the copy engine takes); the caller
+// then loads with cp.async.
+bool make_map(CUtensorMap *map, int (&pos)[3], const tensor &t, cp_dtype dt, int64_t n, int nh, int nb, int dim,
+              int rows);
+
+// Map *map over fp32 rows laid out like the LSE (element (b, h, s) at base +
+// b sb + h sh + s, s < n), in boxes of len consecutive elements of one row;
+// elements past n arrive as 0. False where no map describes them.
+bool make_row_map(CUtensorMap *map, int (&pos)[3], const float *base, int64_t n, int nh, int64_t sh, int nb,
+                  int64_t sb, int len);
 
 #ifdef CP_WGMMA_BODY
 
@@ -159,6 +185,97 @@ __device__ __forceinline__ void reg_fence(uint32_t (&d)[NB][4])
             asm volatile("" : "+r"(d[nb][c])::"memory");
 }
 
+// --- synchronisation and copies of the warp-specialised kernels ---
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// The loader's arrival on a full barrier, announcing the bytes its copies
+// will complete on it.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// One arrival per warp (lane 0), as a predicated instruction: a branch here
+// would sit between two wgmma waits.
+__device__ __forceinline__ void mbar_arrive_warp(uint32_t bar, int lane)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(
+                     bar),
+                 "r"(lane)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+// Named barriers 1 and 2 (0 is __syncthreads) over the 256 consumer threads.
+__device__ __forceinline__ void named_sync(int id)
+{
+    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ void named_arrive(int id)
+{
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+// Box (64 columns x rows) at coordinates c of a 4-d tensor map into dst.
+__device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2,
+                                          int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, "
+                 "%5, %6}], [%2];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
+// The box at column col, row r of head hd, batch bt of map t into dst (zero
+// past the tensor's edges); the copy completes on bar.
+template <int N>
+__device__ __forceinline__ void tma_box(uint32_t dst, const tmaps<N> &mp, int t, uint32_t bar, int col, int r, int hd,
+                                        int bt)
+{
+    const int pr = mp.pos[t][0], ph = mp.pos[t][1];
+    const int c1 = pr == 1 ? r : ph == 1 ? hd : bt, c2 = pr == 2 ? r : ph == 2 ? hd : bt;
+    const int c3 = pr == 3 ? r : ph == 3 ? hd : bt;
+    tma_load4(dst, &mp.m[t], bar, col, c1, c2, c3);
+}
+
+// Rows [r, r + R) of head hd, batch bt of tensor t of the maps (columns [0,
+// DP), zero past the tensor's edges) into the swizzled R x DP tile at dst; the
+// copies complete on bar.
+template <int R, int DP, int N>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const tmaps<N> &mp, int t, uint32_t bar, int r, int hd, int bt)
+{
+#pragma unroll
+    for (int kb = 0; kb < DP / 64; kb++)
+        tma_box(dst + kb * R * 128, mp, t, bar, kb * 64, r, hd, bt);
+}
+
+// sw128_desc as two 32-bit words: the low one (start address >> 4, leading
+// byte offset >> 4) differs between operands, the high one (8-row groups 1024
+// bytes apart, 128-byte swizzle) does not. An operand's steps add (bytes >> 4)
+// to the low word as immediates, with no carry out of the address field:
+// shared addresses stay below 2^18.
+__device__ __forceinline__ uint32_t sw128_lo(uint32_t addr, uint32_t lbo)
+{
+    return (addr >> 4) | (lbo >> 4) << 16;
+}
+
+__device__ __forceinline__ uint64_t sw128_at(uint32_t lo)
+{
+    return (uint64_t)lo | (uint64_t)((1024 >> 4) | 1u << 30) << 32;
+}
 // Accumulator operand lists: NB blocks of 8 columns, 4 registers each.
 #define CP_WG_D1(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define CP_WG_D4(d, j) CP_WG_D1(d, j), CP_WG_D1(d, (j) + 1), CP_WG_D1(d, (j) + 2), CP_WG_D1(d, (j) + 3)
