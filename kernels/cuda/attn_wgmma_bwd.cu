@@ -62,14 +62,16 @@ struct tile_smem {
 // may be overwritten then.
 //
 // How dQ reaches the fp32 sums (bench/NOTES.md). LATE_DK (the default):
-// dK is issued after dQ, and dQ is added with 8-byte reductions straight
-// from the accumulators while the tensor cores compute dK. Without it
-// (INFINICP_CUDA_WGBWD=0, for comparison): dV and dK before the barrier,
-// and 16-byte reductions after a lane shuffle once all three are done.
-template <typename T, int DP, bool LATE_DK, typename Sync>
+// dK is issued after dQ, and dq_sink(dq) takes this warpgroup's dQ columns
+// while the tensor cores compute dK (p.dqa_vec: 8-byte reductions straight
+// from the accumulators, or a copy to shared memory for a bulk reduction).
+// Without it (INFINICP_CUDA_WGBWD=0, for comparison, or rows without 16-byte
+// alignment): dV and dK before the barrier, and add_dq_rows once all three
+// are done.
+template <typename T, int DP, bool LATE_DK, typename Sync, typename Sink>
 __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP / 8][4], float (&adv)[DP / 8][4],
                                          const tile_smem &a, int64_t i0, int h, int64_t b, int64_t jrow0, int kr,
-                                         int dcol0, int warp, int g, int tq, Sync ds_sync)
+                                         int dcol0, int warp, int g, int tq, Sync ds_sync, Sink dq_sink)
 {
     using namespace wg;
     constexpr int BK = WB_BK, BQ = WB_BQ, NQ = BQ / 8, NH = DP / 16;
@@ -168,7 +170,7 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
         wg::commit();
         wg::wait<1>(); // dV, dQ done; dK runs during the reductions
         reg_fence(dq);
-        add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+        dq_sink(dq);
     }
     wg::wait<0>();
     reg_fence(dq);
@@ -272,7 +274,10 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
             cp_async_commit();
         }
         bwd_tile<T, DP, LATE_DK>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g, tq,
-                                 [] { __syncthreads(); });
+                                 [] { __syncthreads(); },
+                                 [&](const float(&dq)[DP / 16][4]) {
+                                     add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+                                 });
     }
     if (p.grad_accumulate && ntotal == 0)
         return; // no query sees these keys: nothing to add
@@ -283,19 +288,67 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
 }
 
 // Tensor maps of the warp-specialised kernel, in this order.
-enum { MQ, MK, MV, MDO, MLSE, MDROW, NMAPS };
+enum { MQ, MK, MV, MDO, MLSE, MDROW, MDQ, NMAPS };
 using wb_maps = wg::tmaps<NMAPS>;
 
 constexpr int WS_THREADS = 384; // a loader warpgroup and the two consumers
 constexpr int WS_STAGES = 2;    // Q / dO / LSE / rowsum stages
 
 // Bytes of dynamic shared memory: K, V, the Q / dO stages, two dS^T buffers,
-// the LSE / rowsum stages, the mbarriers (8 bytes each) and the alignment.
-constexpr int wgbwd_ws_smem(int DP)
+// with DQ_TMA two fp32 dQ tiles (64 x DP / 2) per consumer, the LSE / rowsum
+// stages, the mbarriers (8 bytes each) and the alignment.
+constexpr int wgbwd_ws_smem(int DP, bool dq_tma)
 {
-    return (2 * WB_BK + 2 * WS_STAGES * WB_BQ) * DP * 2 + 2 * WB_BK * WB_BQ * 2 + WS_STAGES * 2 * WB_BQ * 4 +
-           8 * (1 + 2 * WS_STAGES) + 1024;
+    return (2 * WB_BK + 2 * WS_STAGES * WB_BQ) * DP * 2 + 2 * WB_BK * WB_BQ * 2 + (dq_tma ? 2 * 2 * WB_BQ * DP * 2 : 0) +
+           WS_STAGES * 2 * WB_BQ * 4 + 8 * (1 + 2 * WS_STAGES) + 1024;
 }
+
+#ifdef CP_WGMMA_BODY
+// The bulk operations of one thread per consumer (`on`), as predicated
+// instructions: a branch would sit between a wgmma and its wait.
+//
+// Box (32 fp32 columns x 64 rows, 128-byte swizzled) at src added into map
+// t's tensor at column col, row r of head hd, batch bt; rows and columns past
+// the edges are dropped.
+__device__ __forceinline__ void tma_reduce_add(bool on, const wb_maps &mp, int t, uint32_t src, int col, int r,
+                                               int hd, int bt)
+{
+    const int pr = mp.pos[t][0], ph = mp.pos[t][1];
+    const int c1 = pr == 1 ? r : ph == 1 ? hd : bt, c2 = pr == 2 ? r : ph == 2 ? hd : bt;
+    const int c3 = pr == 3 ? r : ph == 3 ? hd : bt;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "@p cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], "
+                 "[%5];\n}\n" ::"l"(reinterpret_cast<uint64_t>(&mp.m[t])),
+                 "r"(col), "r"(c1), "r"(c2), "r"(c3), "r"(src), "r"((int)on)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit(bool on)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p cp.async.bulk.commit_group;\n}\n" ::"r"((int)on)
+                 : "memory");
+}
+
+// Until at most N of this thread's bulk groups still read shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read(bool on)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p cp.async.bulk.wait_group.read %0;\n}\n" ::"n"(N),
+                 "r"((int)on)
+                 : "memory");
+}
+
+// Until every bulk group of this thread is complete.
+__device__ __forceinline__ void bulk_wait_all()
+{
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void st_shared_v2(uint32_t dst, float a, float b)
+{
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(a), "f"(b));
+}
+#endif // CP_WGMMA_BODY
 
 // The same computation with a loader warpgroup whose first thread issues
 // every copy through TMA: K and V once, then per query tile Q, dO, their LSE
@@ -308,17 +361,25 @@ constexpr int wgbwd_ws_smem(int DP)
 // named barrier that publishes dS^T, which is double-buffered (a warpgroup
 // writes tile t + 1's rows only after passing tile t's barrier, which the
 // other warpgroup reaches only after its dQ of tile t - 1 is done).
-template <typename T, int DP>
+//
+// DQ_TMA: each consumer writes its dQ columns (fp32) to one of two shared
+// tiles and its first thread adds the tile into p.dqa with bulk tensor
+// reductions (whole 128-byte lines, issued once per tile) instead of 16 vector
+// reductions per thread. A tile is written again two query tiles later, once
+// that thread has seen the reduction's reads finish (before the dS^T barrier,
+// which the other threads pass after it).
+template <typename T, int DP, bool DQ_TMA>
 __global__ void __launch_bounds__(WS_THREADS, 1) bwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wb_maps mp)
 {
 #ifdef CP_WGMMA_BODY
     using namespace wg;
     constexpr int BK = WB_BK, BQ = WB_BQ, ND = DP / 8, ST = WS_STAGES;
     constexpr uint32_t KB = BK * DP * 2, QB = BQ * DP * 2, SB = BK * BQ * 2, LB = 2 * BQ * 4; // bytes
+    constexpr uint32_t DQB = DQ_TMA ? BQ * DP * 2 : 0; // one consumer's fp32 dQ tile (DP / 2 columns)
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Ks = (smem_addr(smem) + 1023) & ~1023u, Vs = Ks + KB, Qs = Vs + KB, dOs = Qs + ST * QB,
-                   dSs = dOs + ST * QB, Ls = dSs + 2 * SB, kvfull = Ls + ST * LB, full = kvfull + 8,
-                   empty = full + 8 * ST;
+                   dSs = dOs + ST * QB, dQs = dSs + 2 * SB, Ls = dQs + 4 * DQB, kvfull = Ls + ST * LB,
+                   full = kvfull + 8, empty = full + 8 * ST;
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
     const bwd_block w = bwd_block_of(p);
@@ -356,6 +417,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) bwd_wgmma_ws_kernel(attn_params
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
         const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
         const int g = lane >> 2, tq = lane & 3;
+        const bool leader = (threadIdx.x & 127) == 0; // issues the consumer's dQ reductions
         const int64_t jrow0 = w.k0 + c * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
         const int dcol0 = c * (DP / 2);                      // this warpgroup's dQ columns
         float adk[ND][4], adv[ND][4];
@@ -376,11 +438,40 @@ __global__ void __launch_bounds__(WS_THREADS, 1) bwd_wgmma_ws_kernel(attn_params
             const int st = (int)(t % ST);
             a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * LB;
             a.ds = dSs + (uint32_t)(t & 1) * SB;
+            const uint32_t dqt = dQs + (uint32_t)(2 * c + (t & 1)) * DQB;
             mbar_wait(full + 8 * st, (uint32_t)(t / ST) & 1);
-            bwd_tile<T, DP, true>(p, adk, adv, a, i0, h, b, jrow0, c * 64 + warp * 16 + g, dcol0, warp, g, tq,
-                                  [] { named_sync(1); });
+            bwd_tile<T, DP, true>(
+                p, adk, adv, a, i0, h, b, jrow0, c * 64 + warp * 16 + g, dcol0, warp, g, tq,
+                [&] {
+                    if constexpr (DQ_TMA)
+                        bulk_wait_read<1>(leader); // the reduction of tile t - 2 has read dqt
+                    named_sync(1);
+                },
+                [&](const float(&dq)[DP / 16][4]) {
+                    if constexpr (!DQ_TMA) {
+                        add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+                    } else {
+                        // 32-column boxes of 64 rows x 128 bytes, 16-byte chunks
+                        // swizzled by row & 7 (= g)
+#pragma unroll
+                        for (int nb = 0; nb < DP / 16; nb++)
+#pragma unroll
+                            for (int r = 0; r < 2; r++)
+                                st_shared_v2(dqt + (nb >> 2) * (BQ * 128) + (warp * 16 + 8 * r + g) * 128 +
+                                                 ((((nb & 3) * 2 + (tq >> 1)) ^ g) << 4) + (tq & 1) * 8,
+                                             dq[nb][2 * r], dq[nb][2 * r + 1]);
+                        fence_proxy_async();
+                        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory"); // this consumer's rows are in
+#pragma unroll
+                        for (int bx = 0; bx < DP / 64; bx++)
+                            tma_reduce_add(leader, mp, MDQ, dqt + bx * (BQ * 128), dcol0 + bx * 32, (int)i0, h, (int)b);
+                        bulk_commit(leader);
+                    }
+                });
             mbar_arrive_warp(empty + 8 * st, lane); // tile t's stage is read
         }
+        if (DQ_TMA && leader)
+            bulk_wait_all(); // the reductions read shared memory until they are done
         if (p.grad_accumulate && ntotal == 0)
             return; // no query sees these keys: nothing to add
         store_dkdv_rows(p, adk, adv, b, hk, jrow0, 0, tq);
@@ -391,18 +482,33 @@ __global__ void __launch_bounds__(WS_THREADS, 1) bwd_wgmma_ws_kernel(attn_params
 }
 
 // The maps of the warp-specialised kernel; false where one of its tensors has
-// none (the cp.async kernel runs then).
-bool make_maps(wb_maps &mp, const attn_params &p)
+// none (the cp.async kernel runs then). *dq_tma: whether p.dqa has one too.
+bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma)
 {
     using wg::make_map;
-    if (p.Sq > INT32_MAX || p.Sk > INT32_MAX)
+    if (p.Sq > INT32_MAX || p.Sk > INT32_MAX || !p.dqa_vec)
         return false;
-    return make_map(&mp.m[MQ], mp.pos[MQ], p.q, p.dt, p.Sq, p.H, p.B, p.D, WB_BQ) &&
-           make_map(&mp.m[MDO], mp.pos[MDO], p.dout, p.dt, p.Sq, p.H, p.B, p.Dv, WB_BQ) &&
-           make_map(&mp.m[MK], mp.pos[MK], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WB_BK) &&
-           make_map(&mp.m[MV], mp.pos[MV], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WB_BK) &&
-           wg::make_row_map(&mp.m[MLSE], mp.pos[MLSE], p.lse, p.Sq, p.H, p.lsh, p.B, p.lsb, WB_BQ) &&
-           wg::make_row_map(&mp.m[MDROW], mp.pos[MDROW], p.drow, p.Sq, p.H, p.drh, p.B, p.drb, WB_BQ);
+    const bool ok = make_map(&mp.m[MQ], mp.pos[MQ], p.q, p.dt, p.Sq, p.H, p.B, p.D, WB_BQ) &&
+                    make_map(&mp.m[MDO], mp.pos[MDO], p.dout, p.dt, p.Sq, p.H, p.B, p.Dv, WB_BQ) &&
+                    make_map(&mp.m[MK], mp.pos[MK], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WB_BK) &&
+                    make_map(&mp.m[MV], mp.pos[MV], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WB_BK) &&
+                    wg::make_row_map(&mp.m[MLSE], mp.pos[MLSE], p.lse, p.Sq, p.H, p.lsh, p.B, p.lsb, WB_BQ) &&
+                    wg::make_row_map(&mp.m[MDROW], mp.pos[MDROW], p.drow, p.Sq, p.H, p.drh, p.B, p.drb, WB_BQ);
+    *dq_tma = ok && wg::make_sum_map(&mp.m[MDQ], mp.pos[MDQ], p.dqa, p.Sq, p.H, p.B, p.dqa_cols, WB_BQ);
+    return ok;
+}
+
+template <typename T, int DP, bool DQ_TMA>
+cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, dim3 grid)
+{
+    constexpr int bytes = wgbwd_ws_smem(DP, DQ_TMA);
+    auto kernel = bwd_wgmma_ws_kernel<T, DP, DQ_TMA>;
+    const char *what = "attention backward dK/dV/dQ (wgmma, warp-specialised)";
+    cp_status r = allow_smem((const void *)kernel, bytes, what);
+    if (r != CP_SUCCESS)
+        return r;
+    kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp);
+    return check_launch(what);
 }
 
 template <typename T, int DP>
@@ -410,18 +516,15 @@ cp_status launch(state *s, const attn_params &p)
 {
     dim3 grid((unsigned)((p.Sk + WB_BK - 1) / WB_BK), (unsigned)p.Hkv, (unsigned)p.B);
     wb_maps mp;
-    if (!s->wgmma_cp && !s->wgbwd_early_dk && wgbwd_ws_smem(DP) <= s->smem_optin && make_maps(mp, p)) {
-        constexpr int bytes = wgbwd_ws_smem(DP);
-        auto kernel = bwd_wgmma_ws_kernel<T, DP>;
-        const char *what = "attention backward dK/dV/dQ (wgmma, warp-specialised)";
-        cp_status r = allow_smem((const void *)kernel, bytes, what);
-        if (r != CP_SUCCESS)
-            return r;
-        kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp);
-        return check_launch(what);
+    bool dq_tma = false;
+    if (!s->wgmma_cp && !s->wgbwd_early_dk && wgbwd_ws_smem(DP, false) <= s->smem_optin &&
+        make_maps(mp, p, &dq_tma)) {
+        if (dq_tma && !s->wgbwd_red && wgbwd_ws_smem(DP, true) <= s->smem_optin)
+            return launch_ws<T, DP, true>(s, p, mp, grid);
+        return launch_ws<T, DP, false>(s, p, mp, grid);
     }
     constexpr int bytes = wgbwd_smem(DP);
-    auto kernel = s->wgbwd_early_dk ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;
+    auto kernel = s->wgbwd_early_dk || !p.dqa_vec ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;
     const char *what = "attention backward dK/dV/dQ (wgmma)";
     cp_status r = allow_smem((const void *)kernel, bytes, what);
     if (r != CP_SUCCESS)

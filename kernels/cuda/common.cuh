@@ -55,6 +55,7 @@ struct state {
     int drow_reuse;                   // take cp_kernel_attn_args.drow (INFINICP_CUDA_DROW=0: no)
     int wgmma_cp;                     // wgmma kernels: 1 = the cp.async ones, not the TMA ones (tuning)
     int wgbwd_early_dk;               // wgmma backward: the old product order (tuning; attn_wgmma_bwd.cu)
+    int wgbwd_red;                    // wgmma backward: dQ by vector reductions, not bulk ones (tuning)
 };
 
 // Make the state's device current on the calling thread.

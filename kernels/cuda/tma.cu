@@ -85,6 +85,12 @@ bool make_map(CUtensorMap *map, int (&pos)[3], const tensor &t, cp_dtype dt, int
     return encode(map, pos, t.p, type, 2, dim, 64, ax, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+bool make_sum_map(CUtensorMap *map, int (&pos)[3], const tensor &t, int64_t n, int nh, int nb, int dim, int rows)
+{
+    axis ax[3] = {{n, t.ss, (uint32_t)rows, 0}, {nh, t.sh, 1, 1}, {nb, t.sb, 1, 2}};
+    return encode(map, pos, t.p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dim, 32, ax, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 bool make_row_map(CUtensorMap *map, int (&pos)[3], const float *base, int64_t n, int nh, int64_t sh, int nb,
                   int64_t sb, int len)
 {

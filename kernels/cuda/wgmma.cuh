@@ -56,6 +56,11 @@ struct tmaps {
 bool make_map(CUtensorMap *map, int (&pos)[3], const tensor &t, cp_dtype dt, int64_t n, int nh, int nb, int dim,
               int rows);
 
+// Map *map over columns [0, dim) x rows [0, n) x heads [0, nh) x batches
+// [0, nb) of the fp32 tensor t (the dQ sums), in boxes of 32 columns x `rows`
+// rows, 128-byte swizzled, for bulk reductions into it.
+bool make_sum_map(CUtensorMap *map, int (&pos)[3], const tensor &t, int64_t n, int nh, int nb, int dim, int rows);
+
 // Map *map over fp32 rows laid out like the LSE (element (b, h, s) at base +
 // b sb + h sh + s, s < n), in boxes of len consecutive elements of one row;
 // elements past n arrive as 0. False where no map describes them.
