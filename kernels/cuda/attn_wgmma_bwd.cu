@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
 }
 
 // Tensor maps of the warp-specialised kernel, in this order.
-enum { MQ, MK, MV, MDO, MLSE, MDROW, MDQ, NMAPS };
+enum { MQ, MK, MV, MDO, MLSE, MDROW, MDQ, MDK, MDV, NMAPS };
 using wb_maps = wg::tmaps<NMAPS>;
 
 constexpr int WS_THREADS = 384; // a loader warpgroup and the two consumers
@@ -339,9 +339,10 @@ __device__ __forceinline__ void bulk_wait_read(bool on)
 }
 
 // Until every bulk group of this thread is complete.
-__device__ __forceinline__ void bulk_wait_all()
+__device__ __forceinline__ void bulk_wait_all(bool on)
 {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p cp.async.bulk.wait_group 0;\n}\n" ::"r"((int)on)
+                 : "memory");
 }
 
 __device__ __forceinline__ void st_shared_v2(uint32_t dst, float a, float b)
@@ -362,6 +363,10 @@ __device__ __forceinline__ void st_shared_v2(uint32_t dst, float a, float b)
 // writes tile t + 1's rows only after passing tile t's barrier, which the
 // other warpgroup reaches only after its dQ of tile t - 1 is done).
 //
+// epi (DQ_TMA only; F32 gradients added into, p.grad_accumulate): dK and dV
+// reach their sums the same way, through shared memory and bulk reductions,
+// instead of loading the old values, adding and storing.
+//
 // DQ_TMA: each consumer writes its dQ columns (fp32) to one of two shared
 // tiles and its first thread adds the tile into p.dqa with bulk tensor
 // reductions (whole 128-byte lines, issued once per tile) instead of 16 vector
@@ -369,7 +374,8 @@ __device__ __forceinline__ void st_shared_v2(uint32_t dst, float a, float b)
 // that thread has seen the reduction's reads finish (before the dS^T barrier,
 // which the other threads pass after it).
 template <typename T, int DP, bool DQ_TMA>
-__global__ void __launch_bounds__(WS_THREADS, 1) bwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wb_maps mp)
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    bwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wb_maps mp, int epi)
 {
 #ifdef CP_WGMMA_BODY
     using namespace wg;
@@ -470,10 +476,40 @@ __global__ void __launch_bounds__(WS_THREADS, 1) bwd_wgmma_ws_kernel(attn_params
                 });
             mbar_arrive_warp(empty + 8 * st, lane); // tile t's stage is read
         }
-        if (DQ_TMA && leader)
-            bulk_wait_all(); // the reductions read shared memory until they are done
         if (p.grad_accumulate && ntotal == 0)
             return; // no query sees these keys: nothing to add
+        if constexpr (DQ_TMA) {
+            bulk_wait_all(leader); // the reductions read shared memory until they are done
+            if (epi) {
+                // dK, dV of this consumer's 64 keys as fp32 32-column boxes
+                // over the Q / dO stages, dS^T and dQ tiles, once both
+                // consumers' products and reductions are done with them
+                constexpr uint32_t EB = 64 * DP * 4; // one consumer's dK (or dV), fp32
+                static_assert(4 * EB <= 2 * ST * QB + 2 * SB + 4 * DQB, "room for dK and dV");
+                static_assert(BQ == 64, "64-row boxes: the dQ layout");
+                named_sync(1);
+                const uint32_t ek = Qs + (uint32_t)c * 2 * EB, ev = ek + EB;
+#pragma unroll
+                for (int nb = 0; nb < ND; nb++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const uint32_t off = (nb >> 2) * (BQ * 128) + (warp * 16 + 8 * r + g) * 128 +
+                                             ((((nb & 3) * 2 + (tq >> 1)) ^ g) << 4) + (tq & 1) * 8;
+                        st_shared_v2(ek + off, adk[nb][2 * r], adk[nb][2 * r + 1]);
+                        st_shared_v2(ev + off, adv[nb][2 * r], adv[nb][2 * r + 1]);
+                    }
+                fence_proxy_async();
+                asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+#pragma unroll
+                for (int bx = 0; bx < DP / 32; bx++) {
+                    tma_reduce_add(leader, mp, MDK, ek + bx * (BQ * 128), bx * 32, (int)(w.k0 + c * 64), hk, (int)b);
+                    tma_reduce_add(leader, mp, MDV, ev + bx * (BQ * 128), bx * 32, (int)(w.k0 + c * 64), hk, (int)b);
+                }
+                bulk_commit(leader);
+                bulk_wait_all(leader);
+                return;
+            }
+        }
         store_dkdv_rows(p, adk, adv, b, hk, jrow0, 0, tq);
     }
 #else
@@ -482,8 +518,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1) bwd_wgmma_ws_kernel(attn_params
 }
 
 // The maps of the warp-specialised kernel; false where one of its tensors has
-// none (the cp.async kernel runs then). *dq_tma: whether p.dqa has one too.
-bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma)
+// none (the cp.async kernel runs then). *dq_tma: whether p.dqa has one too;
+// *epi: whether dK and dV are F32 sums with maps.
+bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, bool *epi)
 {
     using wg::make_map;
     if (p.Sq > INT32_MAX || p.Sk > INT32_MAX || !p.dqa_vec)
@@ -495,11 +532,14 @@ bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma)
                     wg::make_row_map(&mp.m[MLSE], mp.pos[MLSE], p.lse, p.Sq, p.H, p.lsh, p.B, p.lsb, WB_BQ) &&
                     wg::make_row_map(&mp.m[MDROW], mp.pos[MDROW], p.drow, p.Sq, p.H, p.drh, p.B, p.drb, WB_BQ);
     *dq_tma = ok && wg::make_sum_map(&mp.m[MDQ], mp.pos[MDQ], p.dqa, p.Sq, p.H, p.B, p.dqa_cols, WB_BQ);
+    *epi = *dq_tma && p.grad_accumulate && p.gdt == CP_DTYPE_F32 &&
+           wg::make_sum_map(&mp.m[MDK], mp.pos[MDK], p.dk, p.Sk, p.Hkv, p.B, p.D, 64) &&
+           wg::make_sum_map(&mp.m[MDV], mp.pos[MDV], p.dv, p.Sk, p.Hkv, p.B, p.Dv, 64);
     return ok;
 }
 
 template <typename T, int DP, bool DQ_TMA>
-cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, dim3 grid)
+cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, dim3 grid, bool epi)
 {
     constexpr int bytes = wgbwd_ws_smem(DP, DQ_TMA);
     auto kernel = bwd_wgmma_ws_kernel<T, DP, DQ_TMA>;
@@ -507,7 +547,7 @@ cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, dim3 grid
     cp_status r = allow_smem((const void *)kernel, bytes, what);
     if (r != CP_SUCCESS)
         return r;
-    kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp);
+    kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp, (int)epi);
     return check_launch(what);
 }
 
@@ -516,12 +556,12 @@ cp_status launch(state *s, const attn_params &p)
 {
     dim3 grid((unsigned)((p.Sk + WB_BK - 1) / WB_BK), (unsigned)p.Hkv, (unsigned)p.B);
     wb_maps mp;
-    bool dq_tma = false;
+    bool dq_tma = false, epi = false;
     if (!s->wgmma_cp && !s->wgbwd_early_dk && wgbwd_ws_smem(DP, false) <= s->smem_optin &&
-        make_maps(mp, p, &dq_tma)) {
+        make_maps(mp, p, &dq_tma, &epi)) {
         if (dq_tma && !s->wgbwd_red && wgbwd_ws_smem(DP, true) <= s->smem_optin)
-            return launch_ws<T, DP, true>(s, p, mp, grid);
-        return launch_ws<T, DP, false>(s, p, mp, grid);
+            return launch_ws<T, DP, true>(s, p, mp, grid, epi && !s->wgbwd_epi_ld);
+        return launch_ws<T, DP, false>(s, p, mp, grid, false);
     }
     constexpr int bytes = wgbwd_smem(DP);
     auto kernel = s->wgbwd_early_dk || !p.dqa_vec ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;

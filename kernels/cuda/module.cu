@@ -105,6 +105,7 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     const char *wb = getenv("INFINICP_CUDA_WGBWD"); // tuning knob, see attn_wgmma_bwd.cu
     s->wgbwd_early_dk = wb && !strcmp(wb, "0");
     s->wgbwd_red = wb && !strcmp(wb, "red");
+    s->wgbwd_epi_ld = wb && !strcmp(wb, "ld");
     const char *dr = getenv("INFINICP_CUDA_DROW"); // 0: compute the rowsum in every call, see attn.cu
     s->drow_reuse = !(dr && !strcmp(dr, "0"));
     int major = 0, minor = 0;
