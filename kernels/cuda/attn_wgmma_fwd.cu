@@ -79,7 +79,7 @@ using wg::mbar_wait;
 using wg::named_arrive;
 using wg::named_sync;
 using wg::reg_fence;
-using wg::sw128_desc;
+using wg::sw128_at;
 using wg::sw_off;
 using wg::tma_tile;
 
@@ -109,8 +109,9 @@ __device__ __forceinline__ void issue_s(float (&s)[WG_BK / 8][4], float (&o)[DP 
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < DP / 16; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
-        wg::mma_ss<T, 0, 0>(s, sw128_desc(qa + (kk >> 2) * WG_BQ * 128 + (kk & 3) * 32, 16),
-                            sw128_desc(kt + (kk >> 2) * WG_BK * 128 + (kk & 3) * 32, 16), kk > 0);
+        wg::mma_ss<T, 0, 0>(s, sw128_at((qa >> 4) + (((kk >> 2) * WG_BQ * 128 + (kk & 3) * 32) >> 4) + (1u << 16)),
+                            sw128_at((kt >> 4) + (((kk >> 2) * WG_BK * 128 + (kk & 3) * 32) >> 4) + (1u << 16)),
+                            kk > 0);
     wg::commit();
 }
 
@@ -121,21 +122,21 @@ __device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (
 {
 #pragma unroll
     for (int kk = 0; kk < WG_BK / 16; kk++) // 16 key rows = 2048 bytes per step
-        wg::mma_rs<T>(o, pa[kk], sw128_desc(vt + kk * 2048, WG_BK * 128));
+        wg::mma_rs<T>(o, pa[kk], sw128_at((vt >> 4) + kk * 128 + ((WG_BK * 128) >> 4 << 16)));
     wg::commit();
 }
 
-// With S of the tile in: its online softmax (masked always - key limits of
-// BK where nothing is hidden - so that no branch separates the two waits,
-// or the compiler waits for both), then the wait for P V of the previous
-// tile. The softmax's results are used before that wait, so that the
-// compiler cannot sink the arithmetic past it (the overlap with P V).
-template <int DP>
+// With S of the tile in: its online softmax (MASKED a constant, so that no
+// branch separates the two waits, or the compiler waits for both), then the
+// wait for P V of the previous tile. The softmax's results are used before
+// that wait, so that the compiler cannot sink the arithmetic past it (the
+// overlap with P V). POS: see softmax_tile.
+template <int DP, bool MASKED = true, bool POS = false>
 __device__ __forceinline__ void softmax_then_wait(float (&s)[WG_BK / 8][4], float (&o)[DP / 8][4], float (&m)[2],
                                                   float (&l)[2], float (&alpha)[2], const attn_params &p, int64_t k0,
                                                   int64_t row, int tq)
 {
-    softmax_tile(s, m, l, alpha, p, true, k0, row, tq);
+    softmax_tile<WG_BK / 8, POS>(s, m, l, alpha, p, MASKED, k0, row, tq);
     reg_fence(s);
     reg_fence(l);
     reg_fence(alpha);
@@ -228,7 +229,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 
 // The same computation as fwd_wgmma_kernel with a loader warpgroup (its first
 // thread issues every copy) and the two consumer warpgroups in ping-pong.
-template <typename T, int DP>
+template <typename T, int DP, bool POS>
 __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp)
 {
 #ifdef CP_WGMMA_BODY
@@ -239,7 +240,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
     const uint32_t qfull = Vs + VST * KB, kfull = qfull + 8, kempty = kfull + 8 * KST, vfull = kempty + 8 * KST,
                    vempty = vfull + 8 * VST;
-    const int wgi = threadIdx.x >> 7, lane = threadIdx.x & 31;
+    const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
+    const int lane = threadIdx.x & 31;
     const fwd_block w = fwd_block_of<BQ, BK>(p);
     const int64_t i0 = w.i0;
     const int h = w.h, hk = w.hk, b = (int)w.b, ntiles = w.ntiles;
@@ -289,7 +291,16 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             named_arrive(1);
         if (ntiles > 0)
             mbar_wait(qfull, 0);
-        for (int n = 0; n < ntiles; n++) {
+        // POS: tiles [0, nfull) are seen whole by every row of the block and
+        // skip the mask (no product is in flight between two tiles, so the
+        // two loops cost no wait); otherwise every tile is masked.
+        int64_t nf = p.Sk / BK;
+        if (p.causal) {
+            const int64_t e = i0 + p.delta + 1; // keys the block's first row sees
+            nf = e <= 0 ? 0 : e / BK < nf ? e / BK : nf;
+        }
+        const int nfull = POS ? (int)(nf < ntiles ? nf : ntiles) : 0;
+        auto tile = [&](int n, auto masked) {
             const int64_t k0 = (int64_t)n * BK;
             const int ks = n % KST, vs = (n + VST - 1) % VST; // K of tile n, V of tile n - 1
             mbar_wait(kfull + 8 * ks, (n / KST) & 1);
@@ -308,11 +319,16 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             reg_fence(s);
             mbar_arrive_warp(kempty + 8 * ks, lane); // K tile n is read
 
-            softmax_then_wait<DP>(s, o, m, l, alpha, p, k0, row, tq);
+            softmax_then_wait<DP, decltype(masked)::value, POS>(s, o, m, l, alpha, p, k0, row, tq);
             if (n > 0)
                 mbar_arrive_warp(vempty + 8 * vs, lane); // V tile n - 1 is read
             finish_tile<T, DP>(o, alpha, s, pa);
-        }
+        };
+        int n = 0;
+        for (; n < nfull; n++)
+            tile(n, std::false_type());
+        for (; n < ntiles; n++)
+            tile(n, std::true_type());
         if (ntiles > 0) {
             const int vs = (ntiles - 1) % VST;
             mbar_wait(vfull + 8 * vs, ((ntiles - 1) / VST) & 1);
@@ -338,7 +354,7 @@ cp_status launch(state *s, const attn_params &p)
         wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
         wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
         constexpr int bytes = wgmma_ws_smem(DP);
-        auto kernel = fwd_wgmma_ws_kernel<T, DP>;
+        auto kernel = p.c > 0 && !s->wgfwd_mask_all ? fwd_wgmma_ws_kernel<T, DP, true> : fwd_wgmma_ws_kernel<T, DP, false>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
         if (r != CP_SUCCESS)
             return r;

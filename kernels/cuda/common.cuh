@@ -57,6 +57,7 @@ struct state {
     int wgbwd_early_dk;               // wgmma backward: the old product order (tuning; attn_wgmma_bwd.cu)
     int wgbwd_red;                    // wgmma backward: dQ by vector reductions, not bulk ones (tuning)
     int wgbwd_epi_ld;                 // wgmma backward: F32 dK, dV added by load-add-store (tuning)
+    int wgfwd_mask_all;               // wgmma forward: every tile masked, no fused scaling (tuning)
 };
 
 // Make the state's device current on the calling thread.
