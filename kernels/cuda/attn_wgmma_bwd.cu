@@ -12,15 +12,23 @@
 // the A layout of dV += P^T dO and dK += dS^T Q, whose B operands are the same
 // dO and Q tiles read MN-major. dS^T also goes to shared memory ([key][query],
 // one 128-byte row per key), where it is the MN-major A of dQ = dS K over the
-// block's 128 keys; warpgroup w takes dQ's column half w, and adds its
-// accumulators into the fp32 sums with vector reductions while dK += dS^T Q,
-// issued after dQ, keeps the tensor cores busy.
+// block's 128 keys; warpgroup w takes dQ's column half w and hands it to the
+// fp32 sums while dK += dS^T Q, issued after dQ, keeps the tensor cores busy.
 //
-// The Q / dO tiles, their LSE and rowsum(dO * O) are double-buffered with
-// cp.async: tile n+1 loads while tile n is computed. Masking is branch-free
-// (a per-row query limit and selects; see bench/NOTES.md: ptxas waits for
-// every wgmma group at a branch join), so the probabilities of S^T are
-// computed while dP^T is still in flight.
+// Two kernels share the per-tile work (bwd_tile). The warp-specialised one
+// (the default, bwd_wgmma_ws_kernel) adds a loader warpgroup: K, V, and per
+// query tile Q, dO, their LSE and rowsum(dO * O) come through TMA into two
+// stages guarded by mbarriers; the consumers meet once per tile, at the
+// barrier that publishes dS^T. Its dQ columns go through shared memory to
+// bulk tensor reductions (whole lines, one thread issuing them), and so do
+// dK and dV where they are F32 sums added into (the CP layer's travelling
+// accumulators). The other kernel loads with cp.async, double-buffered, one
+// __syncthreads per tile, and adds dQ with per-thread vector reductions: for
+// tensors no tensor map describes, and as INFINICP_CUDA_WGMMA_WS=0.
+//
+// Masking is branch-free (a per-row query limit and selects; see
+// bench/NOTES.md: ptxas waits for every wgmma group at a branch join), so the
+// probabilities of S^T are computed while dP^T is still in flight.
 //
 // P = 2^(S * scale * log2 e - LSE2) with LSE2 = +inf for rows that see no key
 // (P = 0, no NaN); dS = scale * P * (dP - rowsum(dO * O)).
@@ -82,13 +90,15 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < NH; kk++) { // 64-column block kk / 4, 32 bytes per k16 step inside it
-        const uint32_t ko = ((kk >> 2) * BK * 128 + (kk & 3) * 32) >> 4, qo = ((kk >> 2) * BQ * 128 + (kk & 3) * 32) >> 4;
+        const uint32_t ko = ((kk >> 2) * BK * 128 + (kk & 3) * 32) >> 4;
+        const uint32_t qo = ((kk >> 2) * BQ * 128 + (kk & 3) * 32) >> 4;
         mma_ss<T, 0, 0>(s, sw128_at(a.ka4 + ko + L16), sw128_at(a.q4 + qo + L16), kk > 0);
     }
     wg::commit();
 #pragma unroll
     for (int kk = 0; kk < NH; kk++) {
-        const uint32_t ko = ((kk >> 2) * BK * 128 + (kk & 3) * 32) >> 4, qo = ((kk >> 2) * BQ * 128 + (kk & 3) * 32) >> 4;
+        const uint32_t ko = ((kk >> 2) * BK * 128 + (kk & 3) * 32) >> 4;
+        const uint32_t qo = ((kk >> 2) * BQ * 128 + (kk & 3) * 32) >> 4;
         mma_ss<T, 0, 0>(dp, sw128_at(a.va4 + ko + L16), sw128_at(a.o4 + qo + L16), kk > 0);
     }
     wg::commit();
@@ -299,8 +309,8 @@ constexpr int WS_STAGES = 2;    // Q / dO / LSE / rowsum stages
 // stages, the mbarriers (8 bytes each) and the alignment.
 constexpr int wgbwd_ws_smem(int DP, bool dq_tma)
 {
-    return (2 * WB_BK + 2 * WS_STAGES * WB_BQ) * DP * 2 + 2 * WB_BK * WB_BQ * 2 + (dq_tma ? 2 * 2 * WB_BQ * DP * 2 : 0) +
-           WS_STAGES * 2 * WB_BQ * 4 + 8 * (1 + 2 * WS_STAGES) + 1024;
+    return (2 * WB_BK + 2 * WS_STAGES * WB_BQ) * DP * 2 + 2 * WB_BK * WB_BQ * 2 +
+           (dq_tma ? 2 * 2 * WB_BQ * DP * 2 : 0) + WS_STAGES * 2 * WB_BQ * 4 + 8 * (1 + 2 * WS_STAGES) + 1024;
 }
 
 #ifdef CP_WGMMA_BODY

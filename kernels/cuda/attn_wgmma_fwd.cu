@@ -354,7 +354,8 @@ cp_status launch(state *s, const attn_params &p)
         wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
         wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
         constexpr int bytes = wgmma_ws_smem(DP);
-        auto kernel = p.c > 0 && !s->wgfwd_mask_all ? fwd_wgmma_ws_kernel<T, DP, true> : fwd_wgmma_ws_kernel<T, DP, false>;
+        auto kernel = p.c > 0 && !s->wgfwd_mask_all ? fwd_wgmma_ws_kernel<T, DP, true>
+                                                    : fwd_wgmma_ws_kernel<T, DP, false>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
         if (r != CP_SUCCESS)
             return r;
