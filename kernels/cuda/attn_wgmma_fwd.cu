@@ -33,7 +33,9 @@
 // tile apart: named barriers make them issue their products in turn
 // (ping-pong), one warpgroup's softmax running while the other's products
 // keep the tensor cores busy. setmaxnreg moves registers from the loader
-// (24) to the consumers (240). The first kernel (fwd_wgmma_kernel: every
+// (24) to the consumers (240). Its consumers mask only the tiles that reach
+// past the keys or across the diagonal, and (for a positive scale) turn
+// scores into probabilities with one fused multiply-add each. The first kernel (fwd_wgmma_kernel: every
 // thread loads with cp.async, one __syncthreads per tile) is kept for tensors
 // a tensor map cannot describe and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
 // Only sm_90a has wgmma; every other target compiles an empty kernel that
