@@ -70,7 +70,7 @@ race()
 if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)" = "9.0" ]; then
     race wgmma-d128 wgmma 128 INFINICP_CUDA_WGMMA_WS=1
     race wgmma-d64 wgmma 64 INFINICP_CUDA_WGMMA_WS=1
-    race wgmma-cpasync fwd_wgmma_kernel 128 INFINICP_CUDA_WGMMA_WS=0
+    race wgmma-cpasync wgmma_kernel 128 INFINICP_CUDA_WGMMA_WS=0
 fi
 race mma-d128 mma 128 INFINICP_CUDA_ATTN=mma
 race mma-det-d64 mma 64 INFINICP_CUDA_ATTN=mma INFINICP_DETERMINISTIC=1
