@@ -323,13 +323,12 @@ constexpr int wgbwd_ws_smem(int DP, bool dq_tma)
 __device__ __forceinline__ void tma_reduce_add(bool on, const wb_maps &mp, int t, uint32_t src, int col, int r,
                                                int hd, int bt)
 {
-    const int pr = mp.pos[t][0], ph = mp.pos[t][1];
-    const int c1 = pr == 1 ? r : ph == 1 ? hd : bt, c2 = pr == 2 ? r : ph == 2 ? hd : bt;
-    const int c3 = pr == 3 ? r : ph == 3 ? hd : bt;
+    int c[3];
+    wg::tma_coords(mp.pos[t], r, hd, bt, c);
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
                  "@p cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], "
                  "[%5];\n}\n" ::"l"(reinterpret_cast<uint64_t>(&mp.m[t])),
-                 "r"(col), "r"(c1), "r"(c2), "r"(c3), "r"(src), "r"((int)on)
+                 "r"(col), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(src), "r"((int)on)
                  : "memory");
 }
 
@@ -358,6 +357,21 @@ __device__ __forceinline__ void bulk_wait_all(bool on)
 __device__ __forceinline__ void st_shared_v2(uint32_t dst, float a, float b)
 {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(a), "f"(b));
+}
+
+// Byte offset of this thread's accumulator pair (8-column block nb, row
+// half r) in fp32 tiles of 32-column boxes, 64 rows x 128 bytes each, 16-byte
+// chunks swizzled by row & 7 (= g): the layout of the sum maps.
+__device__ __forceinline__ uint32_t sum_off(int nb, int r, int warp, int g, int tq)
+{
+    return (nb >> 2) * (64 * 128) + (warp * 16 + 8 * r + g) * 128 + ((((nb & 3) * 2 + (tq >> 1)) ^ g) << 4) +
+           (tq & 1) * 8;
+}
+
+// Barrier over the 128 threads of consumer c (ids 2 and 3).
+__device__ __forceinline__ void consumer_sync(int c)
+{
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
 }
 #endif // CP_WGMMA_BODY
 
@@ -467,17 +481,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                     if constexpr (!DQ_TMA) {
                         add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
                     } else {
-                        // 32-column boxes of 64 rows x 128 bytes, 16-byte chunks
-                        // swizzled by row & 7 (= g)
 #pragma unroll
                         for (int nb = 0; nb < DP / 16; nb++)
 #pragma unroll
                             for (int r = 0; r < 2; r++)
-                                st_shared_v2(dqt + (nb >> 2) * (BQ * 128) + (warp * 16 + 8 * r + g) * 128 +
-                                                 ((((nb & 3) * 2 + (tq >> 1)) ^ g) << 4) + (tq & 1) * 8,
-                                             dq[nb][2 * r], dq[nb][2 * r + 1]);
+                                st_shared_v2(dqt + sum_off(nb, r, warp, g, tq), dq[nb][2 * r], dq[nb][2 * r + 1]);
                         fence_proxy_async();
-                        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory"); // this consumer's rows are in
+                        consumer_sync(c); // this consumer's rows are in
 #pragma unroll
                         for (int bx = 0; bx < DP / 64; bx++)
                             tma_reduce_add(leader, mp, MDQ, dqt + bx * (BQ * 128), dcol0 + bx * 32, (int)i0, h, (int)b);
@@ -503,13 +513,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 for (int nb = 0; nb < ND; nb++)
 #pragma unroll
                     for (int r = 0; r < 2; r++) {
-                        const uint32_t off = (nb >> 2) * (BQ * 128) + (warp * 16 + 8 * r + g) * 128 +
-                                             ((((nb & 3) * 2 + (tq >> 1)) ^ g) << 4) + (tq & 1) * 8;
+                        const uint32_t off = sum_off(nb, r, warp, g, tq);
                         st_shared_v2(ek + off, adk[nb][2 * r], adk[nb][2 * r + 1]);
                         st_shared_v2(ev + off, adv[nb][2 * r], adv[nb][2 * r + 1]);
                     }
                 fence_proxy_async();
-                asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+                consumer_sync(c);
 #pragma unroll
                 for (int bx = 0; bx < DP / 32; bx++) {
                     tma_reduce_add(leader, mp, MDK, ek + bx * (BQ * 128), bx * 32, (int)(w.k0 + c * 64), hk, (int)b);

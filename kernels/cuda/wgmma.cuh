@@ -244,16 +244,24 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, 
                  : "memory");
 }
 
+// Coordinates of dimensions 1..3 of a map (pos as in tmaps) for row r of
+// head hd, batch bt.
+__device__ __forceinline__ void tma_coords(const int (&pos)[3], int r, int hd, int bt, int (&c)[3])
+{
+#pragma unroll
+    for (int d = 1; d <= 3; d++)
+        c[d - 1] = pos[0] == d ? r : pos[1] == d ? hd : bt;
+}
+
 // The box at column col, row r of head hd, batch bt of map t into dst (zero
 // past the tensor's edges); the copy completes on bar.
 template <int N>
 __device__ __forceinline__ void tma_box(uint32_t dst, const tmaps<N> &mp, int t, uint32_t bar, int col, int r, int hd,
                                         int bt)
 {
-    const int pr = mp.pos[t][0], ph = mp.pos[t][1];
-    const int c1 = pr == 1 ? r : ph == 1 ? hd : bt, c2 = pr == 2 ? r : ph == 2 ? hd : bt;
-    const int c3 = pr == 3 ? r : ph == 3 ? hd : bt;
-    tma_load4(dst, &mp.m[t], bar, col, c1, c2, c3);
+    int c[3];
+    tma_coords(mp.pos[t], r, hd, bt, c);
+    tma_load4(dst, &mp.m[t], bar, col, c[0], c[1], c[2]);
 }
 
 // Rows [r, r + R) of head hd, batch bt of tensor t of the maps (columns [0,
