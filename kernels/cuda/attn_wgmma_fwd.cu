@@ -232,8 +232,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 // The same computation as fwd_wgmma_kernel with a loader warpgroup (its first
 // thread issues every copy) and the two consumer warpgroups in ping-pong.
 template <typename T, int DP, bool POS>
-__global__ void __launch_bounds__(WS_THREADS, 1)
-    fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp, int late_epi)
+__global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp)
 {
 #ifdef CP_WGMMA_BODY
     constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
@@ -283,7 +282,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
         const int g = lane >> 2, tq = lane & 3;
         const int64_t row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
-        const old_lse od = load_old_lse(p, row, b, h);  // arrives while the tiles are computed
         float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
         uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
         start_rows<DP>(o, m, l);
@@ -341,12 +339,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         if (c == 0)
             named_sync(1); // takes consumer 1's last arrival: no barrier is left half-way at exit
 
-        // the whole row of old values in flight at once (INFINICP_CUDA_WGFWD=ld:
-        // two chunks, the LSE read here)
-        if (late_epi)
-            store_rows(p, o, m, l, row, b, h, tq);
-        else
-            store_rows<NO, NO>(p, o, m, l, row, b, h, tq, od);
+        store_rows(p, o, m, l, row, b, h, tq);
     }
 #else
     (void)p, (void)mp;
@@ -368,7 +361,7 @@ cp_status launch(state *s, const attn_params &p)
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
         if (r != CP_SUCCESS)
             return r;
-        kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp, s->wgfwd_late_epi);
+        kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp);
         return check_launch("attention forward (wgmma, warp-specialised)");
     }
     constexpr int bytes = wgmma_smem(DP);

@@ -58,7 +58,6 @@ struct state {
     int wgbwd_red;                    // wgmma backward: dQ by vector reductions, not bulk ones (tuning)
     int wgbwd_epi_ld;                 // wgmma backward: F32 dK, dV added by load-add-store (tuning)
     int wgfwd_mask_all;               // wgmma forward: every tile masked, no fused scaling (tuning)
-    int wgfwd_late_epi;               // wgmma forward: merge loads the running LSE and O late (tuning)
 };
 
 // Make the state's device current on the calling thread.

@@ -262,105 +262,76 @@ __device__ __forceinline__ void scale_rows(float (&acc)[NB][4], const float (&al
             acc[nb][c] *= alpha[c >> 1];
 }
 
-// The running LSE (and its rounding residual) of rows row, row + 8 that a
-// forward merges into; zeros when it does not merge.
-struct old_lse {
-    float lse[2], lo[2];
-};
-
-__device__ __forceinline__ old_lse load_old_lse(const attn_params &p, int64_t row, int64_t b, int h)
+// The forward epilogue of a 16-row tile in C layout (rows row, row + 8 of
+// batch b, head h): normalise by the row sums and write o and the LSE, or
+// merge them into the running (o, lse). Every lane of the warp calls it.
+//
+// Merging into an F32 running output (every CP block after a row's first)
+// loads a chunk of the old values before it stores any: written load, store,
+// load, ... the loads cannot pass the stores before them, and each CTA would
+// wait out one memory latency per element (measured: +20-35 % on the short
+// blocks of a CP ring step).
+template <int NB>
+__device__ __forceinline__ void store_rows(const attn_params &p, const float (&acc)[NB][4], const float (&m)[2],
+                                           const float (&l)[2], int64_t row, int64_t b, int h, int tq)
 {
-    old_lse o;
+    float old[2], old_lo[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t i = row + r * 8;
         const bool rd = p.accumulate && i < p.Sq;
-        o.lse[r] = rd ? p.lse[b * p.lsb + h * p.lsh + i] : 0.0f;
-        o.lo[r] = rd ? lse_lo_at(p, b * p.lsb + h * p.lsh + i) : 0.0f;
+        old[r] = rd ? p.lse[b * p.lsb + h * p.lsh + i] : 0.0f;
+        old_lo[r] = rd ? lse_lo_at(p, b * p.lsb + h * p.lsh + i) : 0.0f;
     }
-    return o;
-}
-
-// The forward epilogue of a 16-row tile in C layout (rows row, row + 8 of
-// batch b, head h): normalise by the row sums and write o and the LSE, or
-// merge them into the running (o, lse) whose LSE `old` holds (load_old_lse;
-// a caller with registers to spare loads it before its main loop). Every
-// lane of the warp calls it.
-//
-// Merging into an F32 running output (every CP block after a row's first)
-// loads CH * 8 columns of the old values before it stores any: written load,
-// store, load, ... the loads cannot pass the stores before them, and each
-// CTA would wait out one memory latency per element (measured: +20-35 % on
-// the short blocks of a CP ring step). The first chunk is loaded before the
-// merge weights are computed (a value is used only where its weight is not
-// 0: an empty running row may hold anything), so with CH = NB the epilogue
-// waits out one memory latency in all.
-template <int NB, int CH = (NB < 8 ? NB : 8)>
-__device__ __forceinline__ void store_rows(const attn_params &p, const float (&acc)[NB][4], const float (&m)[2],
-                                           const float (&l)[2], int64_t row, int64_t b, int h, int tq,
-                                           const old_lse &old)
-{
-    static_assert(NB % CH == 0, "whole chunks");
-    const bool f32 = p.odt == CP_DTYPE_F32;
-    float *of = static_cast<float *>(const_cast<void *>(p.o.p));
-    int64_t ob[2];
-    bool rd[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t i = row + r * 8;
-        rd[r] = f32 && p.accumulate && i < p.Sq;
-        ob[r] = i < p.Sq ? at(p.o, b, i, h) : 0;
-    }
-    float prev[CH][4];
-    auto load_chunk = [&](int nb0) {
-#pragma unroll
-        for (int nb = 0; nb < CH; nb++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int r = c >> 1, d = (nb0 + nb) * 8 + 2 * tq + (c & 1);
-                prev[nb][c] = rd[r] && d < p.Dv ? of[ob[r] + d] : 0.0f;
-            }
-    };
-    load_chunk(0);
     __syncwarp(); // the quad has read the running LSE before lane tq = 0 writes it
+    void *op = const_cast<void *>(p.o.p);
     float w1[2], w2[2], inv[2];
+    int64_t ob[2];
     bool live[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t i = row + r * 8;
         const float lt = quad_sum(l[r]);
         live[r] = i < p.Sq;
-        w1[r] = 0.0f, w2[r] = 1.0f, inv[r] = 0.0f;
+        w1[r] = 0.0f, w2[r] = 1.0f, inv[r] = 0.0f, ob[r] = 0;
         if (!live[r])
             continue;
         const double lse_blk = lt > 0.0f ? ((double)m[r] + log2((double)lt)) * LN2 : -INFINITY;
         inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
+        ob[r] = at(p.o, b, i, h);
         double merged = lse_blk;
-        if (p.accumulate && !merge_weights(old.lse[r], old.lo[r], lse_blk, &w1[r], &w2[r], &merged)) {
+        if (p.accumulate && !merge_weights(old[r], old_lo[r], lse_blk, &w1[r], &w2[r], &merged)) {
             live[r] = false;
             continue;
         }
         if (tq == 0)
             store_lse(p, b * p.lsb + h * p.lsh + i, merged);
     }
-    if (f32) {
+    if (p.odt == CP_DTYPE_F32) {
+        float *of = static_cast<float *>(op);
+        constexpr int CH = NB < 8 ? NB : 8; // 4 CH old values in flight
+        static_assert(NB % CH == 0, "whole chunks");
 #pragma unroll
         for (int nb0 = 0; nb0 < NB; nb0 += CH) {
-            if (nb0 > 0)
-                load_chunk(nb0);
+            float prev[CH][4];
 #pragma unroll
             for (int nb = 0; nb < CH; nb++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     const int r = c >> 1, d = (nb0 + nb) * 8 + 2 * tq + (c & 1);
-                    const float keep = w1[r] != 0.0f ? w1[r] * prev[nb][c] : 0.0f;
+                    prev[nb][c] = live[r] && w1[r] != 0.0f && d < p.Dv ? of[ob[r] + d] : 0.0f;
+                }
+#pragma unroll
+            for (int nb = 0; nb < CH; nb++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int r = c >> 1, d = (nb0 + nb) * 8 + 2 * tq + (c & 1);
                     if (live[r] && d < p.Dv)
-                        of[ob[r] + d] = keep + w2[r] * (acc[nb0 + nb][c] * inv[r]);
+                        of[ob[r] + d] = w1[r] * prev[nb][c] + w2[r] * (acc[nb0 + nb][c] * inv[r]);
                 }
         }
         return;
     }
-    void *op = const_cast<void *>(p.o.p);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (!live[r])
@@ -374,13 +345,6 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
                     store_merged(op, p.odt, ob[r] + d, acc[nb][2 * r + e] * inv[r], w1[r], w2[r]);
             }
     }
-}
-
-template <int NB>
-__device__ __forceinline__ void store_rows(const attn_params &p, const float (&acc)[NB][4], const float (&m)[2],
-                                           const float (&l)[2], int64_t row, int64_t b, int h, int tq)
-{
-    store_rows(p, acc, m, l, row, b, h, tq, load_old_lse(p, row, b, h));
 }
 
 // row[0..3] += v: one 16-byte reduction on sm_90, four atomics before.

@@ -106,9 +106,8 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->wgbwd_early_dk = wb && !strcmp(wb, "0");
     s->wgbwd_red = wb && !strcmp(wb, "red");
     s->wgbwd_epi_ld = wb && !strcmp(wb, "ld");
-    const char *wf = getenv("INFINICP_CUDA_WGFWD"); // 0: every tile masked, scores scaled first; ld: old epilogue
+    const char *wf = getenv("INFINICP_CUDA_WGFWD"); // 0: every tile masked, scores scaled first (tuning)
     s->wgfwd_mask_all = wf && !strcmp(wf, "0");
-    s->wgfwd_late_epi = wf && !strcmp(wf, "ld");
     const char *dr = getenv("INFINICP_CUDA_DROW"); // 0: compute the rowsum in every call, see attn.cu
     s->drow_reuse = !(dr && !strcmp(dr, "0"));
     int major = 0, minor = 0;
