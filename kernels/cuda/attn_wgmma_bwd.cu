@@ -53,7 +53,7 @@ constexpr int wgbwd_smem(int DP)
 
 // Shared-memory addresses of one query tile's operands, for one warpgroup.
 // Fields ending in 4 are addresses >> 4, the low words of the wgmma
-// descriptors (wgmma.cuh, sw128_lo).
+// descriptors (wgmma.cuh, sw128_at).
 struct tile_smem {
     uint32_t ka4, va4; // this warpgroup's 64 keys of K and V
     uint32_t kb4;      // dQ's B: K columns [dcol0, dcol0 + DP / 2), MN-major

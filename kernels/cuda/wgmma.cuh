@@ -131,15 +131,6 @@ __device__ __forceinline__ void load_sw(uint32_t dst, const tensor &t, int64_t b
     }
 }
 
-// Shared-memory matrix descriptor of a 128-byte-swizzled operand at addr:
-// lbo = byte stride between 64-element column blocks (MN-major; K-major
-// ignores it), 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo)
-{
-    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
-           1ull << 62;
-}
-
 __device__ __forceinline__ void fence()
 {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -275,20 +266,18 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const tmaps<N> &mp, int t
         tma_box(dst + kb * R * 128, mp, t, bar, kb * 64, r, hd, bt);
 }
 
-// sw128_desc as two 32-bit words: the low one (start address >> 4, leading
-// byte offset >> 4) differs between operands, the high one (8-row groups 1024
-// bytes apart, 128-byte swizzle) does not. An operand's steps add (bytes >> 4)
-// to the low word as immediates, with no carry out of the address field:
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand from its
+// low word lo = (start address >> 4) | (lbo >> 4) << 16, lbo the byte stride
+// between 64-element column blocks (MN-major; K-major ignores it). The high
+// word (8-row groups 1024 bytes apart, 128-byte swizzle) is the same for
+// every operand, so callers build lo once per tile and add each k-step's
+// (bytes >> 4) as an immediate: no carry leaves the address field, since
 // shared addresses stay below 2^18.
-__device__ __forceinline__ uint32_t sw128_lo(uint32_t addr, uint32_t lbo)
-{
-    return (addr >> 4) | (lbo >> 4) << 16;
-}
-
 __device__ __forceinline__ uint64_t sw128_at(uint32_t lo)
 {
     return (uint64_t)lo | (uint64_t)((1024 >> 4) | 1u << 30) << 32;
 }
+
 // Accumulator operand lists: NB blocks of 8 columns, 4 registers each.
 #define CP_WG_D1(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define CP_WG_D4(d, j) CP_WG_D1(d, j), CP_WG_D1(d, (j) + 1), CP_WG_D1(d, (j) + 2), CP_WG_D1(d, (j) + 3)
