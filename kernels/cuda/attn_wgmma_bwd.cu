@@ -83,24 +83,17 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
 {
     using namespace wg;
     constexpr int BK = WB_BK, BQ = WB_BQ, NQ = BQ / 8, NH = DP / 16;
-    constexpr uint32_t L16 = 1u << 16; // K-major operands: leading byte offset 16 (unused)
     float s[NQ][4], dp[NQ][4];
     reg_fence(adk);
     reg_fence(adv);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < NH; kk++) { // 64-column block kk / 4, 32 bytes per k16 step inside it
-        const uint32_t ko = ((kk >> 2) * BK * 128 + (kk & 3) * 32) >> 4;
-        const uint32_t qo = ((kk >> 2) * BQ * 128 + (kk & 3) * 32) >> 4;
-        mma_ss<T, 0, 0>(s, sw128_at(a.ka4 + ko + L16), sw128_at(a.q4 + qo + L16), kk > 0);
-    }
+    for (int kk = 0; kk < NH; kk++)
+        mma_ss<T, 0, 0>(s, sw128_at(a.ka4 + kmajor_step<BK>(kk)), sw128_at(a.q4 + kmajor_step<BQ>(kk)), kk > 0);
     wg::commit();
 #pragma unroll
-    for (int kk = 0; kk < NH; kk++) {
-        const uint32_t ko = ((kk >> 2) * BK * 128 + (kk & 3) * 32) >> 4;
-        const uint32_t qo = ((kk >> 2) * BQ * 128 + (kk & 3) * 32) >> 4;
-        mma_ss<T, 0, 0>(dp, sw128_at(a.va4 + ko + L16), sw128_at(a.o4 + qo + L16), kk > 0);
-    }
+    for (int kk = 0; kk < NH; kk++)
+        mma_ss<T, 0, 0>(dp, sw128_at(a.va4 + kmajor_step<BK>(kk)), sw128_at(a.o4 + kmajor_step<BQ>(kk)), kk > 0);
     wg::commit();
 
     // Query columns il >= lim[r] see key row r (lim = BQ: none). No
@@ -149,19 +142,16 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
             for (int hf = 0; hf < 2; hf++)
                 st_shared_u32(a.ds + sw_off<BK>(kr + 8 * r, 2 * kk + hf) + tq * 4, da[kk][r + 2 * hf]);
 
-    // MN-major operands: 16 rows (2048 bytes) per k16 step, column blocks
-    // R * 128 bytes apart
-    constexpr uint32_t LQ = (BQ * 128) >> 4 << 16, LK = (BK * 128) >> 4 << 16;
     reg_fence(pa);
     reg_fence(da);
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++)
-        mma_rs<T>(adv, pa[kk], sw128_at(a.o4 + kk * 128 + LQ));
+        mma_rs<T>(adv, pa[kk], sw128_at(a.o4 + mnmajor_step<BQ>(kk)));
     if (!LATE_DK)
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++)
-            mma_rs<T>(adk, da[kk], sw128_at(a.q4 + kk * 128 + LQ));
+            mma_rs<T>(adk, da[kk], sw128_at(a.q4 + mnmajor_step<BQ>(kk)));
     wg::commit();
 
     fence_proxy_async();
@@ -171,12 +161,12 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++)
-        mma_ss<T, 1, 1>(dq, sw128_at(ds4 + kk * 128 + LK), sw128_at(a.kb4 + kk * 128 + LK), kk > 0);
+        mma_ss<T, 1, 1>(dq, sw128_at(ds4 + mnmajor_step<BK>(kk)), sw128_at(a.kb4 + mnmajor_step<BK>(kk)), kk > 0);
     wg::commit();
     if (LATE_DK) {
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++)
-            mma_rs<T>(adk, da[kk], sw128_at(a.q4 + kk * 128 + LQ));
+            mma_rs<T>(adk, da[kk], sw128_at(a.q4 + mnmajor_step<BQ>(kk)));
         wg::commit();
         wg::wait<1>(); // dV, dQ done; dK runs during the reductions
         reg_fence(dq);
@@ -354,11 +344,6 @@ __device__ __forceinline__ void bulk_wait_all(bool on)
                  : "memory");
 }
 
-__device__ __forceinline__ void st_shared_v2(uint32_t dst, float a, float b)
-{
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(a), "f"(b));
-}
-
 // Byte offset of this thread's accumulator pair (8-column block nb, row
 // half r) in fp32 tiles of 32-column boxes, 64 rows x 128 bytes each, 16-byte
 // chunks swizzled by row & 7 (= g): the layout of the sum maps.
@@ -368,11 +353,6 @@ __device__ __forceinline__ uint32_t sum_off(int nb, int r, int warp, int g, int 
            (tq & 1) * 8;
 }
 
-// Barrier over the 128 threads of consumer c (ids 2 and 3).
-__device__ __forceinline__ void consumer_sync(int c)
-{
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
-}
 #endif // CP_WGMMA_BODY
 
 // The same computation with a loader warpgroup whose first thread issues
@@ -487,7 +467,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                             for (int r = 0; r < 2; r++)
                                 st_shared_v2(dqt + sum_off(nb, r, warp, g, tq), dq[nb][2 * r], dq[nb][2 * r + 1]);
                         fence_proxy_async();
-                        consumer_sync(c); // this consumer's rows are in
+                        named_sync<128>(2 + c); // this consumer's rows are in
 #pragma unroll
                         for (int bx = 0; bx < DP / 64; bx++)
                             tma_reduce_add(leader, mp, MDQ, dqt + bx * (BQ * 128), dcol0 + bx * 32, (int)i0, h, (int)b);
@@ -518,7 +498,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                         st_shared_v2(ev + off, adv[nb][2 * r], adv[nb][2 * r + 1]);
                     }
                 fence_proxy_async();
-                consumer_sync(c);
+                named_sync<128>(2 + c); // this consumer's rows are in
 #pragma unroll
                 for (int bx = 0; bx < DP / 32; bx++) {
                     tma_reduce_add(leader, mp, MDK, ek + bx * (BQ * 128), bx * 32, (int)(w.k0 + c * 64), hk, (int)b);

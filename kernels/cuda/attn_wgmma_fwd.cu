@@ -35,9 +35,10 @@
 // keep the tensor cores busy. setmaxnreg moves registers from the loader
 // (24) to the consumers (240). Its consumers mask only the tiles that reach
 // past the keys or across the diagonal, and (for a positive scale) turn
-// scores into probabilities with one fused multiply-add each. The first kernel (fwd_wgmma_kernel: every
-// thread loads with cp.async, one __syncthreads per tile) is kept for tensors
-// a tensor map cannot describe and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
+// scores into probabilities with one fused multiply-add each. The first
+// kernel (fwd_wgmma_kernel: every thread loads with cp.async, one
+// __syncthreads per tile) is kept for tensors a tensor map cannot describe
+// and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
 // Only sm_90a has wgmma; every other target compiles an empty kernel that
 // the dispatch never launches (wgmma_fits). wgmma.cuh defines CP_WGMMA_BODY
 // there and holds the primitives both wgmma kernels use.
@@ -110,10 +111,9 @@ __device__ __forceinline__ void issue_s(float (&s)[WG_BK / 8][4], float (&o)[DP 
     reg_fence(pa);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < DP / 16; kk++) // 64-column block kk / 4, 32 bytes per k16 step inside it
-        wg::mma_ss<T, 0, 0>(s, sw128_at((qa >> 4) + (((kk >> 2) * WG_BQ * 128 + (kk & 3) * 32) >> 4) + (1u << 16)),
-                            sw128_at((kt >> 4) + (((kk >> 2) * WG_BK * 128 + (kk & 3) * 32) >> 4) + (1u << 16)),
-                            kk > 0);
+    for (int kk = 0; kk < DP / 16; kk++)
+        wg::mma_ss<T, 0, 0>(s, sw128_at((qa >> 4) + wg::kmajor_step<WG_BQ>(kk)),
+                            sw128_at((kt >> 4) + wg::kmajor_step<WG_BK>(kk)), kk > 0);
     wg::commit();
 }
 
@@ -123,8 +123,8 @@ template <typename T, int DP>
 __device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (&pa)[WG_BK / 16][4], uint32_t vt)
 {
 #pragma unroll
-    for (int kk = 0; kk < WG_BK / 16; kk++) // 16 key rows = 2048 bytes per step
-        wg::mma_rs<T>(o, pa[kk], sw128_at((vt >> 4) + kk * 128 + ((WG_BK * 128) >> 4 << 16)));
+    for (int kk = 0; kk < WG_BK / 16; kk++)
+        wg::mma_rs<T>(o, pa[kk], sw128_at((vt >> 4) + wg::mnmajor_step<WG_BK>(kk)));
     wg::commit();
 }
 

@@ -101,6 +101,11 @@ __device__ __forceinline__ void st_shared_u32(uint32_t dst, uint32_t v)
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v));
 }
 
+__device__ __forceinline__ void st_shared_v2(uint32_t dst, float a, float b)
+{
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(a), "f"(b));
+}
+
 __device__ __forceinline__ float ld_shared_f32(uint32_t src)
 {
     float v;
@@ -214,10 +219,12 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
                  : "memory");
 }
 
-// Named barriers 1 and 2 (0 is __syncthreads) over the 256 consumer threads.
+// Named barrier id (0 is __syncthreads) over N threads: by default the 256
+// of both consumer warpgroups.
+template <int N = 256>
 __device__ __forceinline__ void named_sync(int id)
 {
-    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(N) : "memory");
 }
 
 __device__ __forceinline__ void named_arrive(int id)
@@ -225,7 +232,7 @@ __device__ __forceinline__ void named_arrive(int id)
     asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
-// Box (64 columns x rows) at coordinates c of a 4-d tensor map into dst.
+// The box of a 4-d tensor map at coordinates c0..c3 into dst.
 __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2,
                                           int c3)
 {
@@ -276,6 +283,22 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const tmaps<N> &mp, int t
 __device__ __forceinline__ uint64_t sw128_at(uint32_t lo)
 {
     return (uint64_t)lo | (uint64_t)((1024 >> 4) | 1u << 30) << 32;
+}
+
+// What k16 step kk adds to the low word of an R-row tile's descriptor (the
+// tile layout at the top of this file). K-major: 64-column block kk / 4, 32
+// bytes per step inside it (leading byte offset 16, unused). MN-major: 16
+// rows (2048 bytes) per step, column blocks R * 128 bytes apart.
+template <int R>
+__device__ __forceinline__ constexpr uint32_t kmajor_step(int kk)
+{
+    return (uint32_t)(((kk >> 2) * R * 128 + (kk & 3) * 32) >> 4) + (16u >> 4 << 16);
+}
+
+template <int R>
+__device__ __forceinline__ constexpr uint32_t mnmajor_step(int kk)
+{
+    return (uint32_t)(kk * (2048 >> 4)) + ((uint32_t)(R * 128) >> 4 << 16);
 }
 
 // Accumulator operand lists: NB blocks of 8 columns, 4 registers each.
