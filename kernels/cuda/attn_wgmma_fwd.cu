@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 
 // The same computation as fwd_wgmma_kernel with a loader warpgroup (its first
 // thread issues every copy) and the two consumer warpgroups in ping-pong.
-template <typename T, int DP, bool POS>
+template <typename T, int DP, bool POS, bool EARLY_LSE>
 __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp)
 {
 #ifdef CP_WGMMA_BODY
@@ -282,6 +282,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
         const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
         const int g = lane >> 2, tq = lane & 3;
         const int64_t row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
+        // EARLY_LSE: the running LSE (merging CP blocks) is read now, so that
+        // the epilogue's loads of the old output go out at once (store_rows)
+        lse_rows old;
+        if (EARLY_LSE)
+            old = read_running_lse(p, row, b, h);
         float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
         uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
         start_rows<DP>(o, m, l);
@@ -339,7 +344,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
         if (c == 0)
             named_sync(1); // takes consumer 1's last arrival: no barrier is left half-way at exit
 
-        store_rows(p, o, m, l, row, b, h, tq);
+        if (EARLY_LSE)
+            store_rows<NO>(p, o, m, l, row, b, h, tq, old);
+        else
+            store_rows(p, o, m, l, row, b, h, tq);
     }
 #else
     (void)p, (void)mp;
@@ -356,8 +364,9 @@ cp_status launch(state *s, const attn_params &p)
         wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
         wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
         constexpr int bytes = wgmma_ws_smem(DP);
-        auto kernel = p.c > 0 && !s->wgfwd_mask_all ? fwd_wgmma_ws_kernel<T, DP, true>
-                                                    : fwd_wgmma_ws_kernel<T, DP, false>;
+        auto kernel = p.c <= 0 || s->wgfwd_mask_all ? fwd_wgmma_ws_kernel<T, DP, false, true>
+                      : s->wgfwd_epi_late           ? fwd_wgmma_ws_kernel<T, DP, true, false>
+                                                    : fwd_wgmma_ws_kernel<T, DP, true, true>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
         if (r != CP_SUCCESS)
             return r;

@@ -58,6 +58,8 @@ struct state {
     int wgbwd_red;                    // wgmma backward: dQ by vector reductions, not bulk ones (tuning)
     int wgbwd_epi_ld;                 // wgmma backward: F32 dK, dV added by load-add-store (tuning)
     int wgfwd_mask_all;               // wgmma forward: every tile masked, no fused scaling (tuning)
+    int copy_engine_only;             // every device copy on the copy engines (tuning; module.cu)
+    int wgfwd_epi_late;               // wgmma forward: running LSE read in the epilogue, not first (tuning)
 };
 
 // Make the state's device current on the calling thread.
@@ -222,6 +224,10 @@ cp_status launch_reduce(state *s, void *acc, const void *x, cp_dtype t, size_t n
 cp_status launch_merge(state *s, const cp_kernel_merge_args *a);
 // drow[b][h][i] = sum_d dout * o for every query row of p.
 cp_status launch_drow(state *s, const attn_params &p);
+// height rows of width bytes between device buffers of this device, by a
+// kernel (elementwise.cu).
+cp_status launch_copy_2d(state *s, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t height);
 
 // The three attention paths. Forward / backward take p with drow set.
 bool simt_fits(const state *s, const attn_params &p, int backward);

@@ -31,6 +31,53 @@ __global__ void convert_kernel(void *dst, cp_dtype dt, const void *src, cp_dtype
         st_d(dst, dt, i, ld_d(src, sdt, i));
 }
 
+__device__ __forceinline__ float get_f(float v) { return v; }
+__device__ __forceinline__ float get_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float get_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void put_f(float &d, float v) { d = v; }
+__device__ __forceinline__ void put_f(__half &d, float v) { d = __float2half_rn(v); }
+__device__ __forceinline__ void put_f(__nv_bfloat16 &d, float v) { d = __float2bfloat16_rn(v); }
+
+// Between F32 and a 16-bit type, eight elements a thread per step (two
+// 16-byte accesses on the F32 side, one on the other) where both pointers
+// are 16-byte aligned: the F32 accumulators of a CP ring come back to the
+// storage type this way at the end of every forward and backward, and the
+// one-element kernel above reaches about half the memory bandwidth. The
+// rounding is convert_kernel's (to nearest even).
+template <typename D, typename S>
+__global__ void convert8_kernel(D *dst, const S *src, size_t n)
+{
+    const size_t n8 = n / 8, stride = (size_t)gridDim.x * blockDim.x;
+    const size_t first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (size_t i = first; i < n8; i += stride) {
+        float f[8];
+        if constexpr (sizeof(S) == 4) {
+            const float4 a = reinterpret_cast<const float4 *>(src)[2 * i],
+                         b = reinterpret_cast<const float4 *>(src)[2 * i + 1];
+            f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+        } else {
+            const uint4 a = reinterpret_cast<const uint4 *>(src)[i];
+            const S *h = reinterpret_cast<const S *>(&a);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                f[e] = get_f(h[e]);
+        }
+        if constexpr (sizeof(D) == 4) {
+            reinterpret_cast<float4 *>(dst)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+            reinterpret_cast<float4 *>(dst)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
+        } else {
+            uint4 a;
+            D *h = reinterpret_cast<D *>(&a);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                put_f(h[e], f[e]);
+            reinterpret_cast<uint4 *>(dst)[i] = a;
+        }
+    }
+    for (size_t i = 8 * n8 + first; i < n; i += stride) // the last n % 8
+        put_f(dst[i], get_f(src[i]));
+}
+
 __global__ void reduce_kernel(void *acc, const void *x, cp_dtype t, size_t n, cp_reduce_op op)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -47,6 +94,29 @@ unsigned grid_for(size_t n, int threads)
 {
     size_t blocks = (n + threads - 1) / threads;
     return (unsigned)(blocks < 65536 ? blocks : 65536);
+}
+
+// dst rows = src rows, `chunks` V-sized pieces a row; one piece a thread and
+// step, four steps' loads issued before their stores.
+template <typename V>
+__global__ void copy_2d_kernel(char *dst, size_t dpitch, const char *src, size_t spitch, size_t chunks, size_t total)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i0 < total; i0 += 4 * stride) {
+        V v[4];
+        size_t at[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const size_t i = i0 + u * stride, r = i / chunks, c = i - r * chunks;
+            at[u] = r * dpitch + c * sizeof(V);
+            if (i < total)
+                v[u] = *reinterpret_cast<const V *>(src + r * spitch + c * sizeof(V));
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (i0 + u * stride < total)
+                *reinterpret_cast<V *>(dst + at[u]) = v[u];
+    }
 }
 
 // One warp per (b, s, h) row: every lane reads the two LSE values before lane
@@ -98,8 +168,26 @@ __global__ void drow_kernel(attn_params p)
 
 } // namespace
 
+template <typename D, typename S>
+cp_status launch_convert8(state *s, void *dst, const void *src, size_t n)
+{
+    convert8_kernel<D, S><<<grid_for(n / 8 + 1, 256), 256, 0, s->stream>>>(static_cast<D *>(dst),
+                                                                            static_cast<const S *>(src), n);
+    return check_launch("convert kernel");
+}
+
 cp_status launch_convert(state *s, void *dst, cp_dtype dt, const void *src, cp_dtype sdt, size_t n)
 {
+    if (((uintptr_t)dst | (uintptr_t)src) % 16 == 0) {
+        if (sdt == CP_DTYPE_F32 && dt == CP_DTYPE_BF16)
+            return launch_convert8<__nv_bfloat16, float>(s, dst, src, n);
+        if (sdt == CP_DTYPE_F32 && dt == CP_DTYPE_F16)
+            return launch_convert8<__half, float>(s, dst, src, n);
+        if (sdt == CP_DTYPE_BF16 && dt == CP_DTYPE_F32)
+            return launch_convert8<float, __nv_bfloat16>(s, dst, src, n);
+        if (sdt == CP_DTYPE_F16 && dt == CP_DTYPE_F32)
+            return launch_convert8<float, __half>(s, dst, src, n);
+    }
     convert_kernel<<<grid_for(n, 256), 256, 0, s->stream>>>(dst, dt, src, sdt, n);
     return check_launch("convert kernel");
 }
@@ -148,6 +236,26 @@ cp_status launch_merge(state *s, const cp_kernel_merge_args *a)
     const int64_t rows = m.batch * m.seq * m.num_heads;
     merge_kernel<<<grid_for((size_t)rows * 32, 256), 256, 0, s->stream>>>(m);
     return check_launch("merge kernel");
+}
+
+template <typename V>
+cp_status copy_2d_as(state *s, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height)
+{
+    const size_t chunks = width / sizeof(V), total = chunks * height;
+    copy_2d_kernel<V><<<grid_for((total + 3) / 4, 256), 256, 0, s->stream>>>(
+        static_cast<char *>(dst), dpitch, static_cast<const char *>(src), spitch, chunks, total);
+    return check_launch("copy kernel");
+}
+
+cp_status launch_copy_2d(state *s, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t height)
+{
+    const uintptr_t a = (uintptr_t)dst | (uintptr_t)src | dpitch | spitch | width;
+    if (a % 16 == 0)
+        return copy_2d_as<uint4>(s, dst, dpitch, src, spitch, width, height);
+    if (a % 4 == 0)
+        return copy_2d_as<uint32_t>(s, dst, dpitch, src, spitch, width, height);
+    return copy_2d_as<unsigned char>(s, dst, dpitch, src, spitch, width, height);
 }
 
 cp_status launch_drow(state *s, const attn_params &p)

@@ -106,8 +106,12 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->wgbwd_early_dk = wb && !strcmp(wb, "0");
     s->wgbwd_red = wb && !strcmp(wb, "red");
     s->wgbwd_epi_ld = wb && !strcmp(wb, "ld");
-    const char *wf = getenv("INFINICP_CUDA_WGFWD"); // 0: every tile masked, scores scaled first (tuning)
+    // 0: every tile masked, scores scaled first; late: the epilogue reads the running LSE (tuning)
+    const char *wf = getenv("INFINICP_CUDA_WGFWD");
     s->wgfwd_mask_all = wf && !strcmp(wf, "0");
+    s->wgfwd_epi_late = wf && !strcmp(wf, "late");
+    const char *cp = getenv("INFINICP_CUDA_COPY"); // ce: no copy kernel (tuning), see cu_copy_2d
+    s->copy_engine_only = cp && !strcmp(cp, "ce");
     const char *dr = getenv("INFINICP_CUDA_DROW"); // 0: compute the rowsum in every call, see attn.cu
     s->drow_reuse = !(dr && !strcmp(dr, "0"));
     int major = 0, minor = 0;
@@ -186,6 +190,18 @@ void cu_free(void *p, void *ptr)
     cudaFree(ptr);
 }
 
+// Whether p is memory of the state's device (not managed, host or another
+// device's).
+static bool on_device(const state *s, const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice && a.device == s->device;
+}
+
 cp_status cu_copy_2d(void *p, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                      size_t height, cp_copy_kind kind)
 {
@@ -209,7 +225,18 @@ cp_status cu_copy_2d(void *p, void *dst, size_t dpitch, const void *src, size_t 
             memmove(static_cast<char *>(dst) + row * dpitch, static_cast<const char *>(src) + row * spitch, width);
         return CP_SUCCESS;
     }
-    if (height == 1 || (dpitch == width && spitch == width))
+    if (height == 1)
+        dpitch = spitch = width;
+    // On the context's own stream nothing else of this context runs beside a
+    // copy (the overlapped transfers of the ring use a stream of their own):
+    // a copy between buffers of this device is then a kernel, which reaches
+    // about twice the copy engines' bandwidth and starts sooner on the small
+    // pieces of an a2a exchange. Copies beside compute keep the engines, so
+    // that they take no SMs from it.
+    if (kind == CP_COPY_DEVICE_TO_DEVICE && s->current == 0 && !s->copy_engine_only && on_device(s, dst) &&
+        on_device(s, src))
+        return launch_copy_2d(s, dst, dpitch, src, spitch, width, height);
+    if (dpitch == width && spitch == width)
         e = cudaMemcpyAsync(dst, src, width * height, kinds[kind], s->stream);
     else
         e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kinds[kind], s->stream);
