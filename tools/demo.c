@@ -40,6 +40,9 @@ enum { MAX_REPS = 100 };
 
 typedef struct run_result {
     double fwd_s[MAX_REPS], bwd_s[MAX_REPS]; /* per repetition, the slowest rank */
+    /* per repetition: the first rank's start of the forward and the last
+     * rank's end of the backward (host clock), and their difference */
+    double start_s[MAX_REPS], end_s[MAX_REPS], step_s[MAX_REPS];
     size_t ws_bytes;
     size_t peak_bytes; /* --memory: device bytes the ranks held at most, all ranks together */
     cp_status status;
@@ -236,8 +239,12 @@ static void *rank_main(void *arg)
         if (rep < 0)
             continue;
         pthread_mutex_lock(&sh->lock);
-        a->res->fwd_s[rep] = fmax(a->res->fwd_s[rep], t1 - t0);
-        a->res->bwd_s[rep] = fmax(a->res->bwd_s[rep], t2 - t1);
+        run_result *res = a->res;
+        res->fwd_s[rep] = fmax(res->fwd_s[rep], t1 - t0);
+        res->bwd_s[rep] = fmax(res->bwd_s[rep], t2 - t1);
+        res->start_s[rep] = res->end_s[rep] == 0 ? t0 : fmin(res->start_s[rep], t0);
+        res->end_s[rep] = fmax(res->end_s[rep], t2);
+        res->step_s[rep] = res->end_s[rep] - res->start_s[rep];
         pthread_mutex_unlock(&sh->lock);
     }
     pthread_mutex_lock(&sh->lock);
@@ -451,7 +458,7 @@ int bench_demo(const bench_opts *o)
     demo_data ref = { 0 };
     alloc_results(&c, &ref);
     run_result *rr = calloc(1, sizeof *rr);
-    double one_s = 0;
+    double one_s = 0, one_fb = 0;
     int bad = 0;
     if (lead) {
         /* the single-rank run: local transport, this process's first device */
@@ -464,13 +471,15 @@ int bench_demo(const bench_opts *o)
             return 1;
         }
         double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps);
-        one_s = f + b;
-        printf("%-10s %-10s %4s %7s  %9s %9s %9s %9s  %9s %9s %7s  %10s", "mode", "layout", "cp", "a2a*p2p",
-               "err out", "err dq", "err dk", "err dv", "fwd ms", "bwd ms", "vs cp1", "ws/rank");
+        one_s = median(rr->step_s, c.reps);
+        one_fb = f + b;
+        printf("%-10s %-10s %4s %7s  %9s %9s %9s %9s  %9s %9s %9s %7s %7s  %10s", "mode", "layout", "cp", "a2a*p2p",
+               "err out", "err dq", "err dk", "err dv", "fwd ms", "bwd ms", "step ms", "vs cp1", "f+b/cp1",
+               "ws/rank");
         if (c.memory)
             printf("  %9s %9s %6s", "peak MiB", "min MiB", "x min");
-        printf("\n%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %7.3f  %7.2f MiB", "(single)", "-", 1, "-", "-",
-               "-", "-", "-", 1e3 * f, 1e3 * b, 1.0, (double)rr->ws_bytes / 1048576.0);
+        printf("\n%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %9.2f %7.3f %7.3f  %7.2f MiB", "(single)", "-", 1,
+               "-", "-", "-", "-", "-", 1e3 * f, 1e3 * b, 1e3 * one_s, 1.0, 1.0, (double)rr->ws_bytes / 1048576.0);
         print_memory(&c, rr, 1, 1);
         printf("\n");
     }
@@ -505,7 +514,7 @@ int bench_demo(const bench_opts *o)
             }
             if (!lead)
                 continue;
-            double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps);
+            double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps), st = median(rr->step_s, c.reps);
             char errs[64] = "        -         -         -         -";
             int ok = 1;
             if (!c.timing_only) {
@@ -515,15 +524,20 @@ int bench_demo(const bench_opts *o)
                 snprintf(errs, sizeof errs, "%9.2e %9.2e %9.2e %9.2e", e[0], e[1], e[2], e[3]);
             }
             bad += !ok;
-            printf("%-10s %-10s %4d %7s  %s  %9.2f %9.2f %7.3f  %7.2f MiB", mode_names[mode], ln, c.cp, fact,
-                   errs, 1e3 * f, 1e3 * b, (f + b) / one_s, (double)rr->ws_bytes / 1048576.0);
+            printf("%-10s %-10s %4d %7s  %s  %9.2f %9.2f %9.2f %7.3f %7.3f  %7.2f MiB", mode_names[mode], ln, c.cp,
+                   fact, errs, 1e3 * f, 1e3 * b, 1e3 * st, st / one_s, (f + b) / one_fb,
+                   (double)rr->ws_bytes / 1048576.0);
             print_memory(&c, rr, c.cp, mode == CP_MODE_P2P);
             printf("%s\n", ok ? "" : "  MISMATCH");
             fflush(stdout);
         }
     if (lead) {
         printf("\nfwd/bwd: median of %d repetitions after a warm-up, slowest rank, host clock after\n"
-               "cp_context_synchronize; vs cp1: (fwd + bwd) / (fwd + bwd of the single-rank run)\n",
+               "cp_context_synchronize; step: from the first rank's start of the forward to the last\n"
+               "rank's end of the backward (ranks of this process; every repetition starts them together);\n"
+               "vs cp1: step / step of the single-rank run; f+b/cp1: (fwd + bwd) / (fwd + bwd of the\n"
+               "single-rank run), where the spread of the ranks' ends of the forward (ranks sharing a GPU\n"
+               "end it one after another) counts in both phases\n",
                c.reps);
         if (c.memory)
             printf("peak: device memory in use (cudaMemGetInfo, sampled every 50 us while the ranks run)\n"
