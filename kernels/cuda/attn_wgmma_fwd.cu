@@ -66,7 +66,7 @@ constexpr int wgmma_smem(int DP)
 constexpr int WS_THREADS = 384;
 constexpr int wgmma_ws_smem(int DP)
 {
-    return wgmma_smem(DP) + 8 * (1 + 2 * WG_KSTAGES + 2 * WG_VSTAGES);
+    return wgmma_smem(DP) + 8 * (2 + 2 * WG_KSTAGES + 2 * WG_VSTAGES);
 }
 
 // Tensor maps of q, k and v (in this order) for the loader.
@@ -231,8 +231,16 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 
 // The same computation as fwd_wgmma_kernel with a loader warpgroup (its first
 // thread issues every copy) and the two consumer warpgroups in ping-pong.
-template <typename T, int DP, bool POS, bool EARLY_LSE>
-__global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp)
+// Persistent: block j works on items j, j + gridDim.x, ... of `items`
+// (fwd_item); the launch gives it one item per block or one block per SM.
+// Across items the stages and their barrier phases run on (counted by the
+// key tiles loaded so far), and the loader brings the next item's Q (once
+// both consumers' last S product of an item is done: qempty) and first K / V
+// tiles while the consumers finish the item and merge its output, so that a
+// block's start and end costs overlap its neighbour's work.
+template <typename T, int DP, bool POS>
+__global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp,
+                                                                      int64_t items)
 {
 #ifdef CP_WGMMA_BODY
     constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
@@ -240,18 +248,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
     constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
-    const uint32_t qfull = Vs + VST * KB, kfull = qfull + 8, kempty = kfull + 8 * KST, vfull = kempty + 8 * KST,
-                   vempty = vfull + 8 * VST;
+    const uint32_t qfull = Vs + VST * KB, qempty = qfull + 8, kfull = qempty + 8, kempty = kfull + 8 * KST,
+                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST;
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
-    const fwd_block w = fwd_block_of<BQ, BK>(p);
-    const int64_t i0 = w.i0;
-    const int h = w.h, hk = w.hk, b = (int)w.b, ntiles = w.ntiles;
 
     if (threadIdx.x == 0) {
-        mbar_init(qfull, 1);
+        mbar_init(qfull, 1), mbar_init(qempty, 8); // 8 consumer warps release Q
         for (int st = 0; st < KST; st++)
-            mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8); // 8 consumer warps release a stage
+            mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8); // and a stage
         for (int st = 0; st < VST; st++)
             mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -259,98 +264,113 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
     __syncthreads();
 
     if (wgi == 0) {
-        // the loader: one thread; K tile n waits for both consumers to have
-        // read tile n - KST from its stage, V likewise
+        // the loader: one thread; K tile g (counted over the block's items)
+        // waits for both consumers to have read tile g - KST from its stage,
+        // V likewise, Q for them to be done with the previous item's
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-        if (threadIdx.x == 0 && ntiles > 0) {
-            mbar_expect_tx(qfull, QB);
-            tma_tile<BQ, DP>(Qs, mp, 0, qfull, (int)i0, h, b);
-            for (int n = 0; n < ntiles; n++) {
-                const int ks = n % KST, vs = n % VST;
-                if (n >= KST)
-                    mbar_wait(kempty + 8 * ks, ((n / KST) + 1) & 1);
-                mbar_expect_tx(kfull + 8 * ks, KB);
-                tma_tile<BK, DP>(Ks + ks * KB, mp, 1, kfull + 8 * ks, n * BK, hk, b);
-                if (n >= VST)
-                    mbar_wait(vempty + 8 * vs, ((n / VST) + 1) & 1);
-                mbar_expect_tx(vfull + 8 * vs, KB);
-                tma_tile<BK, DP>(Vs + vs * KB, mp, 2, vfull + 8 * vs, n * BK, hk, b);
+        if (threadIdx.x == 0) {
+            int g = 0, nq = 0;
+            for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+                const fwd_block w = fwd_item<BQ, BK>(p, it);
+                if (w.ntiles <= 0)
+                    continue;
+                if (nq > 0)
+                    mbar_wait(qempty, (nq - 1) & 1);
+                mbar_expect_tx(qfull, QB);
+                tma_tile<BQ, DP>(Qs, mp, 0, qfull, (int)w.i0, w.h, (int)w.b);
+                nq++;
+                for (int n = 0; n < w.ntiles; n++, g++) {
+                    const int ks = g % KST, vs = g % VST;
+                    if (g >= KST)
+                        mbar_wait(kempty + 8 * ks, ((g / KST) + 1) & 1);
+                    mbar_expect_tx(kfull + 8 * ks, KB);
+                    tma_tile<BK, DP>(Ks + ks * KB, mp, 1, kfull + 8 * ks, n * BK, w.hk, (int)w.b);
+                    if (g >= VST)
+                        mbar_wait(vempty + 8 * vs, ((g / VST) + 1) & 1);
+                    mbar_expect_tx(vfull + 8 * vs, KB);
+                    tma_tile<BK, DP>(Vs + vs * KB, mp, 2, vfull + 8 * vs, n * BK, w.hk, (int)w.b);
+                }
             }
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
         const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
         const int g = lane >> 2, tq = lane & 3;
-        const int64_t row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
-        // EARLY_LSE: the running LSE (merging CP blocks) is read now, so that
-        // the epilogue's loads of the old output go out at once (store_rows)
-        lse_rows old;
-        if (EARLY_LSE)
-            old = read_running_lse(p, row, b, h);
-        float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
-        uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
-        start_rows<DP>(o, m, l);
         const uint32_t qa = Qs + c * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
+        int g0 = 0, nq = 0;                    // key tiles and Q tiles of the items before
+        for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+            const fwd_block w = fwd_item<BQ, BK>(p, it);
+            const int64_t i0 = w.i0;
+            const int h = w.h, b = (int)w.b, ntiles = w.ntiles;
+            const int64_t row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
+            float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
+            uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
+            start_rows<DP>(o, m, l);
 
-        // Ping-pong: consumer c issues its products after named barrier 1 + c
-        // and then lets the other one issue (its barrier); consumer 0 starts.
-        if (c == 0)
-            named_arrive(1);
-        if (ntiles > 0)
-            mbar_wait(qfull, 0);
-        // POS: tiles [0, nfull) are seen whole by every row of the block and
-        // skip the mask (no product is in flight between two tiles, so the
-        // two loops cost no wait); otherwise every tile is masked.
-        int64_t nf = p.Sk / BK;
-        if (p.causal) {
-            const int64_t e = i0 + p.delta + 1; // keys the block's first row sees
-            nf = e <= 0 ? 0 : e / BK < nf ? e / BK : nf;
-        }
-        const int nfull = POS ? (int)(nf < ntiles ? nf : ntiles) : 0;
-        auto tile = [&](int n, auto masked) {
-            const int64_t k0 = (int64_t)n * BK;
-            const int ks = n % KST, vs = (n + VST - 1) % VST; // K of tile n, V of tile n - 1
-            mbar_wait(kfull + 8 * ks, (n / KST) & 1);
-            if (n > 0)
-                mbar_wait(vfull + 8 * vs, ((n - 1) / VST) & 1);
-            named_sync(1 + c);
-            issue_s<T, DP>(s, o, pa, qa, Ks + ks * KB);
-            if (n > 0) {
-                issue_pv<T, DP>(o, pa, Vs + vs * KB);
-                named_arrive(2 - c);
-                wg::wait<1>();
-            } else {
-                named_arrive(2 - c);
-                wg::wait<0>();
+            // Ping-pong: consumer c issues its products after named barrier
+            // 1 + c and then lets the other one issue (its barrier); consumer
+            // 0 starts.
+            if (c == 0)
+                named_arrive(1);
+            if (ntiles > 0)
+                mbar_wait(qfull, nq & 1);
+            // POS: tiles [0, nfull) are seen whole by every row of the block
+            // and skip the mask (no product is in flight between two tiles,
+            // so the two loops cost no wait); otherwise every tile is masked.
+            int64_t nf = p.Sk / BK;
+            if (p.causal) {
+                const int64_t e = i0 + p.delta + 1; // keys the block's first row sees
+                nf = e <= 0 ? 0 : e / BK < nf ? e / BK : nf;
             }
-            reg_fence(s);
-            mbar_arrive_warp(kempty + 8 * ks, lane); // K tile n is read
+            const int nfull = POS ? (int)(nf < ntiles ? nf : ntiles) : 0;
+            auto tile = [&](int n, auto masked) {
+                const int64_t k0 = (int64_t)n * BK;
+                const int gk = g0 + n; // this tile's number in the block's stream of tiles
+                const int ks = gk % KST, vs = (gk + VST - 1) % VST; // K of tile n, V of tile n - 1
+                mbar_wait(kfull + 8 * ks, (gk / KST) & 1);
+                if (n > 0)
+                    mbar_wait(vfull + 8 * vs, ((gk - 1) / VST) & 1);
+                named_sync(1 + c);
+                issue_s<T, DP>(s, o, pa, qa, Ks + ks * KB);
+                if (n > 0) {
+                    issue_pv<T, DP>(o, pa, Vs + vs * KB);
+                    named_arrive(2 - c);
+                    wg::wait<1>();
+                } else {
+                    named_arrive(2 - c);
+                    wg::wait<0>();
+                }
+                reg_fence(s);
+                mbar_arrive_warp(kempty + 8 * ks, lane); // K tile n is read
+                if (n == ntiles - 1)
+                    mbar_arrive_warp(qempty, lane); // and Q, for this item
 
-            softmax_then_wait<DP, decltype(masked)::value, POS>(s, o, m, l, alpha, p, k0, row, tq);
-            if (n > 0)
-                mbar_arrive_warp(vempty + 8 * vs, lane); // V tile n - 1 is read
-            finish_tile<T, DP>(o, alpha, s, pa);
-        };
-        int n = 0;
-        for (; n < nfull; n++)
-            tile(n, std::false_type());
-        for (; n < ntiles; n++)
-            tile(n, std::true_type());
-        if (ntiles > 0) {
-            const int vs = (ntiles - 1) % VST;
-            mbar_wait(vfull + 8 * vs, ((ntiles - 1) / VST) & 1);
-            last_pv<T, DP>(o, pa, Vs + vs * KB);
-        }
-        if (c == 0)
-            named_sync(1); // takes consumer 1's last arrival: no barrier is left half-way at exit
+                softmax_then_wait<DP, decltype(masked)::value, POS>(s, o, m, l, alpha, p, k0, row, tq);
+                if (n > 0)
+                    mbar_arrive_warp(vempty + 8 * vs, lane); // V tile n - 1 is read
+                finish_tile<T, DP>(o, alpha, s, pa);
+            };
+            int n = 0;
+            for (; n < nfull; n++)
+                tile(n, std::false_type());
+            for (; n < ntiles; n++)
+                tile(n, std::true_type());
+            if (ntiles > 0) {
+                const int gk = g0 + ntiles - 1, vs = gk % VST;
+                mbar_wait(vfull + 8 * vs, (gk / VST) & 1);
+                last_pv<T, DP>(o, pa, Vs + vs * KB);
+                mbar_arrive_warp(vempty + 8 * vs, lane); // the last V tile is read
+            }
+            if (c == 0)
+                named_sync(1); // takes consumer 1's last arrival: no barrier is left half-way
 
-        if (EARLY_LSE)
-            store_rows<NO>(p, o, m, l, row, b, h, tq, old);
-        else
             store_rows(p, o, m, l, row, b, h, tq);
+            g0 += ntiles;
+            nq += ntiles > 0;
+        }
     }
 #else
-    (void)p, (void)mp;
+    (void)p, (void)mp, (void)items;
 #endif
 }
 
@@ -360,17 +380,21 @@ cp_status launch(state *s, const attn_params &p)
     const dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
     wg_maps mp;
     if (!s->wgmma_cp && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
+        (int64_t)grid.x * grid.y * grid.z <= INT32_MAX &&
         wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
         wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
         wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
         constexpr int bytes = wgmma_ws_smem(DP);
-        auto kernel = p.c <= 0 || s->wgfwd_mask_all ? fwd_wgmma_ws_kernel<T, DP, false, true>
-                      : s->wgfwd_epi_late           ? fwd_wgmma_ws_kernel<T, DP, true, false>
-                                                    : fwd_wgmma_ws_kernel<T, DP, true, true>;
+        auto kernel = p.c > 0 && !s->wgfwd_mask_all ? fwd_wgmma_ws_kernel<T, DP, true>
+                                                    : fwd_wgmma_ws_kernel<T, DP, false>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
         if (r != CP_SUCCESS)
             return r;
-        kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp);
+        // one item a block, or (persistent) one block an SM when there are
+        // more items than SMs
+        const int64_t items = (int64_t)grid.x * grid.y * grid.z;
+        const int64_t blocks = s->wgfwd_persist && items > s->sm_count ? s->sm_count : items;
+        kernel<<<(unsigned)blocks, WS_THREADS, bytes, s->stream>>>(p, mp, items);
         return check_launch("attention forward (wgmma, warp-specialised)");
     }
     constexpr int bytes = wgmma_smem(DP);

@@ -59,7 +59,7 @@ struct state {
     int wgbwd_epi_ld;                 // wgmma backward: F32 dK, dV added by load-add-store (tuning)
     int wgfwd_mask_all;               // wgmma forward: every tile masked, no fused scaling (tuning)
     int copy_engine_only;             // every device copy on the copy engines (tuning; module.cu)
-    int wgfwd_epi_late;               // wgmma forward: running LSE read in the epilogue, not first (tuning)
+    int wgfwd_persist;                // wgmma forward: one block an SM looping over the items (tuning: 0)
 };
 
 // Make the state's device current on the calling thread.

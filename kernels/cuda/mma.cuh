@@ -185,17 +185,33 @@ struct fwd_block {
     int h, hk, ntiles;
 };
 
+// Row block x (of nx), head h, batch b.
 template <int BQ, int BK>
-__device__ __forceinline__ fwd_block fwd_block_of(const attn_params &p)
+__device__ __forceinline__ fwd_block fwd_block_at(const attn_params &p, int64_t x, int64_t nx, int h, int64_t b)
 {
     fwd_block w;
-    w.i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BQ;
-    w.h = blockIdx.y;
+    w.i0 = (nx - 1 - x) * BQ;
+    w.h = h;
     w.hk = w.h / p.G;
-    w.b = blockIdx.z;
+    w.b = b;
     const int64_t nq = p.Sq - w.i0 < BQ ? p.Sq - w.i0 : BQ;
     w.ntiles = (int)((visible_keys(p, w.i0 + nq - 1) + BK - 1) / BK);
     return w;
+}
+
+template <int BQ, int BK>
+__device__ __forceinline__ fwd_block fwd_block_of(const attn_params &p)
+{
+    return fwd_block_at<BQ, BK>(p, blockIdx.x, gridDim.x, blockIdx.y, blockIdx.z);
+}
+
+// Work item w of a persistent kernel (items in the order fwd_block_of's grid
+// would start them: row blocks fastest, then heads, then batches).
+template <int BQ, int BK>
+__device__ __forceinline__ fwd_block fwd_item(const attn_params &p, int64_t w)
+{
+    const int64_t nx = (p.Sq + BQ - 1) / BQ, hb = w / nx;
+    return fwd_block_at<BQ, BK>(p, w - hb * nx, nx, (int)(hb % p.H), hb / p.H);
 }
 
 // Keys [k0, k0 + lim) of a tile of bk keys that query row i sees.

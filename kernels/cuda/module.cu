@@ -106,10 +106,11 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->wgbwd_early_dk = wb && !strcmp(wb, "0");
     s->wgbwd_red = wb && !strcmp(wb, "red");
     s->wgbwd_epi_ld = wb && !strcmp(wb, "ld");
-    // 0: every tile masked, scores scaled first; late: the epilogue reads the running LSE (tuning)
+    // 0: every tile masked, scores scaled first; blocks: a block per item, not persistent (tuning,
+    // see attn_wgmma_fwd.cu)
     const char *wf = getenv("INFINICP_CUDA_WGFWD");
     s->wgfwd_mask_all = wf && !strcmp(wf, "0");
-    s->wgfwd_epi_late = wf && !strcmp(wf, "late");
+    s->wgfwd_persist = !(wf && !strcmp(wf, "blocks"));
     const char *cp = getenv("INFINICP_CUDA_COPY"); // ce: no copy kernel (tuning), see cu_copy_2d
     s->copy_engine_only = cp && !strcmp(cp, "ce");
     const char *dr = getenv("INFINICP_CUDA_DROW"); // 0: compute the rowsum in every call, see attn.cu
