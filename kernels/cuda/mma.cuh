@@ -278,46 +278,30 @@ __device__ __forceinline__ void scale_rows(float (&acc)[NB][4], const float (&al
             acc[nb][c] *= alpha[c >> 1];
 }
 
-// The running LSE of a thread's two rows (row, row + 8) in accumulate mode,
-// as stored (value and residual); rows past Sq, or with accumulate 0, read
-// as 0. A kernel that merges can read it before its main loop (see
-// store_rows), so that the epilogue does not wait for it.
-struct lse_rows {
-    float hi[2], lo[2];
-};
-
-__device__ __forceinline__ lse_rows read_running_lse(const attn_params &p, int64_t row, int64_t b, int h)
-{
-    lse_rows r;
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        const int64_t i = row + k * 8;
-        const bool rd = p.accumulate && i < p.Sq;
-        r.hi[k] = rd ? p.lse[b * p.lsb + h * p.lsh + i] : 0.0f;
-        r.lo[k] = rd ? lse_lo_at(p, b * p.lsb + h * p.lsh + i) : 0.0f;
-    }
-    return r;
-}
-
 // The forward epilogue of a 16-row tile in C layout (rows row, row + 8 of
 // batch b, head h): normalise by the row sums and write o and the LSE, or
-// merge them into the running (o, lse), whose LSE `old` holds
-// (read_running_lse). Every lane of the warp calls it.
+// merge them into the running (o, lse). Every lane of the warp calls it.
 //
 // Merging into an F32 running output (every CP block after a row's first)
-// loads a chunk of CH x 4 old values before it stores any: written load,
+// loads a chunk of (up to) 32 old values before it stores any: written load,
 // store, load, ... the loads cannot pass the stores before them, and each
 // CTA would wait out one memory latency per element (measured: +20-35 % on
 // the short blocks of a CP ring step). The first chunk's loads go out before
 // the merge weights are computed; they depend on nothing but the running
 // LSE being finite (an empty running row, LSE -inf, may hold anything and
-// is not read). With CH = NB and `old` read before the main loop, the
-// epilogue waits for memory once.
-template <int CH = 0, int NB>
+// is not read).
+template <int NB>
 __device__ __forceinline__ void store_rows(const attn_params &p, const float (&acc)[NB][4], const float (&m)[2],
-                                           const float (&l)[2], int64_t row, int64_t b, int h, int tq,
-                                           const lse_rows &old)
+                                           const float (&l)[2], int64_t row, int64_t b, int h, int tq)
 {
+    float old_hi[2], old_lo[2]; // the running LSE (value and residual)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t i = row + r * 8;
+        const bool rd = p.accumulate && i < p.Sq;
+        old_hi[r] = rd ? p.lse[b * p.lsb + h * p.lsh + i] : 0.0f;
+        old_lo[r] = rd ? lse_lo_at(p, b * p.lsb + h * p.lsh + i) : 0.0f;
+    }
     __syncwarp(); // the quad has read the running LSE before lane tq = 0 writes it
     void *op = const_cast<void *>(p.o.p);
     float w1[2], w2[2], inv[2];
@@ -327,7 +311,7 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
     for (int r = 0; r < 2; r++) {
         const int64_t i = row + r * 8;
         live[r] = i < p.Sq;
-        rd[r] = live[r] && p.accumulate && old.hi[r] != -INFINITY;
+        rd[r] = live[r] && p.accumulate && old_hi[r] != -INFINITY;
         ob[r] = live[r] ? at(p.o, b, i, h) : 0;
     }
     // the merge weights; a row this block saw no key of keeps its running values
@@ -342,7 +326,7 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
             const double lse_blk = lt > 0.0f ? ((double)m[r] + log2((double)lt)) * LN2 : -INFINITY;
             inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
             double merged = lse_blk;
-            if (p.accumulate && !merge_weights(old.hi[r], old.lo[r], lse_blk, &w1[r], &w2[r], &merged)) {
+            if (p.accumulate && !merge_weights(old_hi[r], old_lo[r], lse_blk, &w1[r], &w2[r], &merged)) {
                 live[r] = false;
                 continue;
             }
@@ -368,7 +352,7 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
         return;
     }
     float *of = static_cast<float *>(op);
-    constexpr int C = CH > 0 ? CH : NB < 8 ? NB : 8; // 4 C old values in flight
+    constexpr int C = NB < 8 ? NB : 8; // 4 C old values in flight
     static_assert(NB % C == 0, "whole chunks");
     float prev[C][4];
     auto load_chunk = [&](int nb0) {
@@ -395,14 +379,6 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
                     of[ob[r] + d] = (w1[r] != 0.0f ? w1[r] * prev[nb][c] : 0.0f) + w2[r] * (acc[nb0 + nb][c] * inv[r]);
             }
     }
-}
-
-// The same, reading the running LSE first.
-template <int CH = 0, int NB>
-__device__ __forceinline__ void store_rows(const attn_params &p, const float (&acc)[NB][4], const float (&m)[2],
-                                           const float (&l)[2], int64_t row, int64_t b, int h, int tq)
-{
-    store_rows<CH>(p, acc, m, l, row, b, h, tq, read_running_lse(p, row, b, h));
 }
 
 // row[0..3] += v: one 16-byte reduction on sm_90, four atomics before.
