@@ -558,6 +558,11 @@ static const blk cases[] = {
      * buffers rotate, a partial last tile, a diagonal behind the block start */
     {"gqa-d128-negdelta", 1, 4, 2, 128, 128, 600, 600, 0, 40, 1, CP_FORMAT_BSHD, 0},
     {"mqa-d64-tiles", 2, 2, 1, 64, 64, 140, 700, 0, 0, 0, CP_FORMAT_BSHD, 0},
+    /* more (row block, head) items than an H200 has SMs: the persistent
+     * wgmma forward loops over several items a block (the first row blocks
+     * see no key: items without tiles between ones with) */
+    {"persistent-d64", 1, 24, 6, 64, 64, 1100, 640, 0, 200, 1, CP_FORMAT_BSHD, 0},
+    {"persistent-d128", 1, 8, 8, 128, 128, 2200, 300, 0, 0, 1, CP_FORMAT_BSHD, 0},
 };
 static const cp_dtype dtypes[] = {CP_DTYPE_F32, CP_DTYPE_F16, CP_DTYPE_BF16};
 static const char *dtype_name[] = {"f32", "f16", "bf16"};
