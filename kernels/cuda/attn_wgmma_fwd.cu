@@ -71,7 +71,7 @@ constexpr int wgmma_smem(int DP)
 constexpr int WS_THREADS = 384;
 constexpr int wgmma_ws_smem(int DP)
 {
-    return wgmma_smem(DP) + 8 * (2 + 2 * WG_KSTAGES + 2 * WG_VSTAGES);
+    return wgmma_smem(DP) + 8 * (2 + 2 * WG_KSTAGES + 2 * WG_VSTAGES) + 3 * 16;
 }
 
 // Tensor maps of q, k and v (in this order) for the loader.
@@ -80,6 +80,7 @@ using wg_maps = wg::tmaps<3>;
 #ifdef CP_WGMMA_BODY
 
 using wg::fence_proxy_async;
+using wg::ld_shared_u32;
 using wg::mbar_arrive_warp;
 using wg::mbar_expect_tx;
 using wg::mbar_init;
@@ -88,6 +89,7 @@ using wg::named_arrive;
 using wg::named_sync;
 using wg::reg_fence;
 using wg::sw128_at;
+using wg::st_shared_u32;
 using wg::sw_off;
 using wg::tma_tile;
 
@@ -245,16 +247,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 // block's start and end costs overlap its neighbour's work.
 template <typename T, int DP, bool POS>
 __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp,
-                                                                      int64_t items)
+                                                                      int items, int *counter)
 {
 #ifdef CP_WGMMA_BODY
     constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
     constexpr int KST = WG_KSTAGES, VST = WG_VSTAGES;
     constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
+    // setmaxnreg: the consumers of D = 128 need 240 registers; at D = 64 the
+    // loader gets more (its item bookkeeping spilled at 24), within the
+    // 168 x 384 the launch bounds give the block
+    constexpr int LOADER_REGS = DP == 64 ? 40 : 24, CONSUMER_REGS = DP == 64 ? 224 : 240;
+    static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * WS_THREADS, "registers of the block");
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
     const uint32_t qfull = Vs + VST * KB, qempty = qfull + 8, kfull = qempty + 8, kempty = kfull + 8 * KST,
-                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST;
+                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST, ifull = vempty + 8 * VST, iempty = ifull + 16,
+                   islot = iempty + 16; // two 8-byte item numbers
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
 
@@ -264,18 +272,50 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8); // and a stage
         for (int st = 0; st < VST; st++)
             mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
+        for (int st = 0; st < 2; st++)
+            mbar_init(ifull + 8 * st, 1), mbar_init(iempty + 8 * st, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+
+    // The items a block works on, in turn: with a counter, the next one not
+    // taken (blocks that finish early take more: the causal row blocks,
+    // longest first, even out), else every gridDim.x-th. The loader takes
+    // them and passes each on through one of two shared slots.
+    auto take = [&](int k) -> int {
+        if (!counter) // (items + gridDim.x < 2^31: see launch)
+            return (int)blockIdx.x + k * (int)gridDim.x;
+        const int v = atomicAdd(counter, 1);
+        // every block takes one number past the last item; whoever takes the
+        // very last number leaves the counter at 0 for the next launch
+        if (v == items + (int)gridDim.x - 1)
+            atomicExch(counter, 0);
+        return v;
+    };
+    auto next_item = [&](int k) -> int { // consumers: item k of this block
+        const int sl = k & 1;
+        mbar_wait(ifull + 8 * sl, (uint32_t)(k >> 1) & 1);
+        const int it = (int)ld_shared_u32(islot + 8 * sl);
+        mbar_arrive_warp(iempty + 8 * sl, threadIdx.x & 31);
+        return it;
+    };
 
     if (wgi == 0) {
         // the loader: one thread; K tile g (counted over the block's items)
         // waits for both consumers to have read tile g - KST from its stage,
         // V likewise, Q for them to be done with the previous item's
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(LOADER_REGS) : "memory");
         if (threadIdx.x == 0) {
             int g = 0, nq = 0;
-            for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+            for (int k = 0;; k++) {
+                const int sl = k & 1;
+                if (k >= 2)
+                    mbar_wait(iempty + 8 * sl, (uint32_t)((k >> 1) + 1) & 1);
+                const int it = take(k);
+                st_shared_u32(islot + 8 * sl, (uint32_t)it);
+                mbar_arrive_warp(ifull + 8 * sl, 0);
+                if (it >= items)
+                    break;
                 const fwd_block w = fwd_item<BQ, BK>(p, it);
                 if (w.ntiles <= 0)
                     continue;
@@ -298,12 +338,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
         const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
         const int g = lane >> 2, tq = lane & 3;
         const uint32_t qa = Qs + c * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
         int g0 = 0, nq = 0;                    // key tiles and Q tiles of the items before
-        for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+        for (int k = 0;; k++) {
+            const int it = next_item(k);
+            if (it >= items)
+                break;
             const fwd_block w = fwd_item<BQ, BK>(p, it);
             const int64_t i0 = w.i0;
             const int h = w.h, b = (int)w.b, ntiles = w.ntiles;
@@ -375,7 +418,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
         }
     }
 #else
-    (void)p, (void)mp, (void)items;
+    (void)p, (void)mp, (void)items, (void)counter;
 #endif
 }
 
@@ -385,7 +428,7 @@ cp_status launch(state *s, const attn_params &p)
     const dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
     wg_maps mp;
     if (!s->wgmma_cp && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
-        (int64_t)grid.x * grid.y * grid.z <= INT32_MAX &&
+        (int64_t)grid.x * grid.y * grid.z + s->sm_count <= INT32_MAX &&
         wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
         wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
         wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
@@ -398,8 +441,10 @@ cp_status launch(state *s, const attn_params &p)
         // one item a block, or (persistent) one block an SM when there are
         // more items than SMs
         const int64_t items = (int64_t)grid.x * grid.y * grid.z;
-        const int64_t blocks = s->wgfwd_persist && items > s->sm_count ? s->sm_count : items;
-        kernel<<<(unsigned)blocks, WS_THREADS, bytes, s->stream>>>(p, mp, items);
+        const bool persist = s->wgfwd_persist && items > s->sm_count;
+        int *counter = persist && s->wgfwd_persist == 1 ? s->sched + s->sched_next++ % SCHED_SLOTS : nullptr;
+        kernel<<<(unsigned)(persist ? s->sm_count : items), WS_THREADS, bytes, s->stream>>>(p, mp, (int)items,
+                                                                                          counter);
         return check_launch("attention forward (wgmma, warp-specialised)");
     }
     constexpr int bytes = wgmma_smem(DP);

@@ -31,6 +31,10 @@ cp_status check_launch(const char *what);
 // Streams a state can put work on (backend.h, stream_select): index 0 is the
 // context's stream, 1..MAX_STREAMS-1 are created on first use.
 constexpr int MAX_STREAMS = 8;
+// Work counters for persistent kernels, taken in turn by the launches: two
+// launches running at once (on different streams) must not share one, so
+// this bounds how many may overlap.
+constexpr int SCHED_SLOTS = 64;
 
 // Attention path, forced by INFINICP_CUDA_ATTN (read when a context opens).
 // PATH_WGMMA is the mma path with the Hopper forward and backward kernels
@@ -59,7 +63,9 @@ struct state {
     int wgbwd_epi_ld;                 // wgmma backward: F32 dK, dV added by load-add-store (tuning)
     int wgfwd_mask_all;               // wgmma forward: every tile masked, no fused scaling (tuning)
     int copy_engine_only;             // every device copy on the copy engines (tuning; module.cu)
-    int wgfwd_persist;                // wgmma forward: one block an SM looping over the items (tuning: 0)
+    int wgfwd_persist;                // wgmma forward: 1 persistent, items from a counter; 2 static; 0 not (tuning)
+    int *sched;                       // SCHED_SLOTS work counters of persistent kernels, 0 between launches
+    unsigned sched_next;              // the slot the next launch takes
 };
 
 // Make the state's device current on the calling thread.

@@ -206,12 +206,13 @@ __device__ __forceinline__ fwd_block fwd_block_of(const attn_params &p)
 }
 
 // Work item w of a persistent kernel (items in the order fwd_block_of's grid
-// would start them: row blocks fastest, then heads, then batches).
+// would start them: row blocks fastest, then heads, then batches; fewer
+// than 2^31 of them).
 template <int BQ, int BK>
-__device__ __forceinline__ fwd_block fwd_item(const attn_params &p, int64_t w)
+__device__ __forceinline__ fwd_block fwd_item(const attn_params &p, int w)
 {
-    const int64_t nx = (p.Sq + BQ - 1) / BQ, hb = w / nx;
-    return fwd_block_at<BQ, BK>(p, w - hb * nx, nx, (int)(hb % p.H), hb / p.H);
+    const int nx = (int)((p.Sq + BQ - 1) / BQ), hb = w / nx;
+    return fwd_block_at<BQ, BK>(p, w - hb * nx, nx, hb % p.H, hb / p.H);
 }
 
 // Keys [k0, k0 + lim) of a tile of bk keys that query row i sees.

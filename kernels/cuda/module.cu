@@ -106,11 +106,11 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->wgbwd_early_dk = wb && !strcmp(wb, "0");
     s->wgbwd_red = wb && !strcmp(wb, "red");
     s->wgbwd_epi_ld = wb && !strcmp(wb, "ld");
-    // 0: every tile masked, scores scaled first; blocks: a block per item, not persistent (tuning,
-    // see attn_wgmma_fwd.cu)
+    // 0: every tile masked, scores scaled first; blocks: a block per item, not persistent; static:
+    // persistent, every gridDim.x-th item (tuning, see attn_wgmma_fwd.cu)
     const char *wf = getenv("INFINICP_CUDA_WGFWD");
     s->wgfwd_mask_all = wf && !strcmp(wf, "0");
-    s->wgfwd_persist = !(wf && !strcmp(wf, "blocks"));
+    s->wgfwd_persist = wf && !strcmp(wf, "blocks") ? 0 : wf && !strcmp(wf, "static") ? 2 : 1;
     const char *cp = getenv("INFINICP_CUDA_COPY"); // ce: no copy kernel (tuning), see cu_copy_2d
     s->copy_engine_only = cp && !strcmp(cp, "ce");
     const char *dr = getenv("INFINICP_CUDA_DROW"); // 0: compute the rowsum in every call, see attn.cu
@@ -131,6 +131,15 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
                     "cuda: device %d has compute capability %d.%d; this module needs 8.0 or newer", device_index,
                     major, minor);
     }
+    // the work counters of persistent kernels (zero between launches)
+    if ((e = cudaSetDevice(device_index)) != cudaSuccess ||
+        (e = cudaMalloc(reinterpret_cast<void **>(&s->sched), SCHED_SLOTS * sizeof(int))) != cudaSuccess ||
+        (e = cudaMemset(s->sched, 0, SCHED_SLOTS * sizeof(int))) != cudaSuccess) {
+        if (s->sched)
+            cudaFree(s->sched);
+        delete s;
+        return cuda_fail("cudaMalloc", e);
+    }
     *out = s;
     return CP_SUCCESS;
 }
@@ -146,6 +155,8 @@ void cu_close(void *p)
             cudaStreamSynchronize(s->aux[i]);
             cudaStreamDestroy(s->aux[i]);
         }
+    // (cudaFree waits for the device: no kernel uses a counter any more)
+    cudaFree(s->sched);
     delete s;
 }
 

@@ -106,6 +106,13 @@ __device__ __forceinline__ void st_shared_v2(uint32_t dst, float a, float b)
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(a), "f"(b));
 }
 
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t src)
+{
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(src));
+    return v;
+}
+
 __device__ __forceinline__ float ld_shared_f32(uint32_t src)
 {
     float v;
