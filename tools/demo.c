@@ -532,12 +532,27 @@ int bench_demo(const bench_opts *o)
             fflush(stdout);
         }
     if (lead) {
+        /* The single-rank run once more: a GPU that clocks down as it warms
+         * up would make the later CP runs look slower than they are; the
+         * difference between the two single-rank runs shows how much. */
+        launch single = { BENCH_LOCAL, 1, 0, 1, l.devices, { 0 } };
+        run_spec one = { CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, 1 };
+        bench_opts c1 = c;
+        c1.cp = 1;
+        if (run(&c1, &single, &one, &in, &got, rr, &dm, cores, 0) == 0) {
+            double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps), st = median(rr->step_s, c.reps);
+            printf("%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %9.2f %7.3f %7.3f\n", "(single)", "again", 1, "-",
+                   "-", "-", "-", "-", 1e3 * f, 1e3 * b, 1e3 * st, st / one_s, (f + b) / one_fb);
+        }
+    }
+    if (lead) {
         printf("\nfwd/bwd: median of %d repetitions after a warm-up, slowest rank, host clock after\n"
                "cp_context_synchronize; step: from the first rank's start of the forward to the last\n"
                "rank's end of the backward (ranks of this process; every repetition starts them together);\n"
                "vs cp1: step / step of the single-rank run; f+b/cp1: (fwd + bwd) / (fwd + bwd of the\n"
                "single-rank run), where the spread of the ranks' ends of the forward (ranks sharing a GPU\n"
-               "end it one after another) counts in both phases\n",
+               "end it one after another) counts in both phases; (single) again: the single-rank run\n"
+               "repeated after the others, its ratios to the first (drift of the device's speed)\n",
                c.reps);
         if (c.memory)
             printf("peak: device memory in use (cudaMemGetInfo, sampled every 50 us while the ranks run)\n"
