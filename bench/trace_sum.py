@@ -22,7 +22,7 @@ def category(kind, name):
     if kind == "S":
         return "memset"
     n = name.lower()
-    for key, cat in (("bwd_wgmma", "attn bwd"), ("fwd_wgmma", "attn fwd"), ("bwd", "attn bwd"),
+    for key, cat in (("copy_2d", "copy kernel"), ("bwd_wgmma", "attn bwd"), ("fwd_wgmma", "attn fwd"), ("bwd", "attn bwd"),
                      ("fwd", "attn fwd"), ("convert", "convert"), ("reduce", "reduce"), ("merge", "merge"),
                      ("drow", "rowsum"), ("fill", "fill"), ("init", "init")):
         if key in n:
