@@ -36,11 +36,12 @@
 // (24) to the consumers (240). Its consumers mask only the tiles that reach
 // past the keys or across the diagonal, and (for a positive scale) turn
 // scores into probabilities with one fused multiply-add each. It is
-// persistent: with more (row block, head, batch) items than SMs each block
-// takes every gridDim.x-th item, and the loader fetches the next item's Q
-// and first tiles while the consumers finish the last one and merge its
-// output, which hides a block's start and end (they weigh 4-8x more on the
-// short blocks of a CP ring step than in one long call). The first
+// persistent: with more (row block, head, batch) items than SMs, one block
+// per SM takes items from a per-launch work counter, and its loader fetches
+// the next item's Q and first tiles while the consumers finish the last one
+// and merge its output, which hides a block's start and end (they weigh
+// 4-8x more on the short blocks of a CP ring step than in one long call).
+// The first
 // kernel (fwd_wgmma_kernel: every thread loads with cp.async, one
 // __syncthreads per tile) is kept for tensors a tensor map cannot describe
 // and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
@@ -238,8 +239,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 
 // The same computation as fwd_wgmma_kernel with a loader warpgroup (its first
 // thread issues every copy) and the two consumer warpgroups in ping-pong.
-// Persistent: block j works on items j, j + gridDim.x, ... of `items`
-// (fwd_item); the launch gives it one item per block or one block per SM.
+// Persistent: a block works on items of `items` (fwd_item) in turn, taken
+// from *counter, or j, j + gridDim.x, ... for block j without one; the
+// launch gives it one item per block or one block per SM.
 // Across items the stages and their barrier phases run on (counted by the
 // key tiles loaded so far), and the loader brings the next item's Q (once
 // both consumers' last S product of an item is done: qempty) and first K / V
@@ -262,7 +264,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
     const uint32_t qfull = Vs + VST * KB, qempty = qfull + 8, kfull = qempty + 8, kempty = kfull + 8 * KST,
                    vfull = kempty + 8 * KST, vempty = vfull + 8 * VST, ifull = vempty + 8 * VST, iempty = ifull + 16,
-                   islot = iempty + 16; // two 8-byte item numbers
+                   islot = iempty + 16; // two item numbers, 8 bytes apart
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
 
