@@ -323,22 +323,25 @@ static void test_a2a_p2p(void **state)
 }
 
 /* KV heads fewer than the a2a size: replicated for the exchange, their
- * gradients summed on the way back. H = 8, Hkv = 1 and 2 on P = 4 and 8. */
+ * gradients summed on the way back. H = 8, Hkv = 1 and 2 on P = 4 and 8.
+ * Batch 1 in BSHD: with the contiguous layout the exchange lands in the
+ * head-side tensors directly (no unpack, no pack on the way back). */
 static void test_a2a_replicated_kv_heads(void **state)
 {
     (void)state;
     static const int sizes[] = { 4, 8 };
-    for (int hkv = 1; hkv <= 2; hkv++) {
-        cpref_shape sh = { .B = 1, .S = 64, .H = 8, .Hkv = hkv, .D = 16, .Dv = 16, .causal = 1 };
-        sh.scale = 0.3;
-        cpref_data d;
-        cpref_make(&d, &sh, CP_DTYPE_F32, 77 + (uint64_t)hkv, 2.0);
-        run_cfg base = { CP_MODE_A2A, CP_LAYOUT_ZIGZAG, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
-        check_cp(&d, base, sizes, 2, 0);
-        base.mode = CP_MODE_A2A_P2P;
-        check_cp(&d, base, sizes, 2, 1);
-        cpref_free(&d);
-    }
+    for (int layout = 0; layout < 2; layout++)
+        for (int hkv = 1; hkv <= 2; hkv++) {
+            cpref_shape sh = { .B = 1, .S = 64, .H = 8, .Hkv = hkv, .D = 16, .Dv = 16, .causal = 1 };
+            sh.scale = 0.3;
+            cpref_data d;
+            cpref_make(&d, &sh, CP_DTYPE_F32, 77 + (uint64_t)hkv, 2.0);
+            run_cfg base = { CP_MODE_A2A, (cp_layout)layout, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
+            check_cp(&d, base, sizes, 2, 0);
+            base.mode = CP_MODE_A2A_P2P;
+            check_cp(&d, base, sizes, 2, 1);
+            cpref_free(&d);
+        }
 }
 
 /* CP groups of non-contiguous world ranks (a world of 8 with tp = 2 split

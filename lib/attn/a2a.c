@@ -75,6 +75,32 @@ static cp_status member_heads(const cp_attn_plan *p, const cpi_a2a_item *it, voi
                     : cpi_copy_tokens(p, it->tensor, 0, first, &b, 0, 0, p->s_loc, b.heads);
 }
 
+/* Whether the exchange's block m is laid out exactly like rows
+ * [m * s_loc, +s_loc) of the head side: member m's tokens sit there in their
+ * local order (one span a member, in member order: the contiguous layout),
+ * and consecutive rows are one dense piece of the head-side tensor (batch 1,
+ * or SBHD). The exchange can then land in (or leave from) the head-side
+ * tensor itself, and the copy between it and an exchange buffer is saved.
+ * LSE items ([batch, heads, tokens]) never are. */
+static int blocks_are_rows(const cp_attn_plan *p, const cpi_a2a_item *it)
+{
+    if (it->lse_h || (p->d.batch != 1 && p->d.format != CP_FORMAT_SBHD) ||
+        it->tensor_h->ntok != (int64_t)p->A * p->s_loc)
+        return 0;
+    const cpi_tokset *t = &p->sub[p->ring_rank];
+    for (int m = 0; m < p->A; m++) {
+        cpi_span spans[CPI_MAX_SPANS];
+        int n = cpi_layout_spans(p->d.layout, p->P, sub_rank(p, m), p->d.seq_len, spans);
+        int64_t local = 0;
+        for (int i = 0; i < n; i++) {
+            if (cpi_tokset_row(t, spans[i].offset) != (int64_t)m * p->s_loc + local)
+                return 0;
+            local += spans[i].len;
+        }
+    }
+    return 1;
+}
+
 static cp_status exchange(const cp_attn_plan *p, void *send, void *recv, size_t block)
 {
     cp_xfer x = cpi_group_xfer(p->g);
@@ -85,6 +111,8 @@ cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *
 {
     for (int m = 0; m < p->A; m++)
         CPI_TRY(member_heads(p, it, send, m, 1));
+    if (blocks_are_rows(p, it))
+        return exchange(p, send, it->tensor_h->p, cpi_a2a_item_bytes(p, it));
     CPI_TRY(exchange(p, send, recv, cpi_a2a_item_bytes(p, it)));
     for (int m = 0; m < p->A; m++)
         CPI_TRY(member_rows(p, it, recv, m, 0));
@@ -93,8 +121,11 @@ cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *
 
 cp_status cpi_a2a_to_tokens(const cp_attn_plan *p, const cpi_a2a_item *it, void *send, void *recv, int sum_replicas)
 {
-    for (int m = 0; m < p->A; m++)
-        CPI_TRY(member_rows(p, it, send, m, 1));
+    if (blocks_are_rows(p, it))
+        send = it->tensor_h->p;
+    else
+        for (int m = 0; m < p->A; m++)
+            CPI_TRY(member_rows(p, it, send, m, 1));
     const size_t block = cpi_a2a_item_bytes(p, it);
     CPI_TRY(exchange(p, send, recv, block));
     const int rep = it->kv && p->d.num_kv_heads < p->A ? p->A / p->d.num_kv_heads : 1;
