@@ -902,6 +902,29 @@ static void test_copies_and_memset(void **unused)
         for (int c = 0; c < DP; c++)
             want[r * DP + c] = c < W ? src[r * SP + c] : 0xab;
     assert_memory_equal(back, want, sizeof want);
+    /* Device to device on stream 0 runs as a kernel, in 1-, 4- or 16-byte
+     * pieces by the alignment of the pointers, pitches and width: rows of
+     * d1 (now `back`) into d2 at offsets and pitches that pick each. */
+    static const struct {
+        size_t doff, dpitch, soff, spitch, width, height;
+    } cs[] = {
+        {3, 61, 1, DP, 37, H - 1}, {4, 40, 8, DP, 36, H - 1}, {16, DP, 0, DP, 48, H - 1}, {0, DP, 0, DP, DP, H},
+    };
+    unsigned char got[H * DP];
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        assert_int_equal(gpu_ops->memset(st, d2, 0x5a, H * DP), CP_SUCCESS);
+        assert_int_equal(gpu_ops->copy_2d(st, (char *)d2 + cs[k].doff, cs[k].dpitch, (char *)d1 + cs[k].soff,
+                                          cs[k].spitch, cs[k].width, cs[k].height, CP_COPY_DEVICE_TO_DEVICE),
+                         CP_SUCCESS);
+        assert_int_equal(gpu_ops->copy_2d(st, got, DP, d2, DP, DP, H, CP_COPY_DEVICE_TO_HOST), CP_SUCCESS);
+        assert_int_equal(gpu_ops->synchronize(st), CP_SUCCESS);
+        memset(want, 0x5a, sizeof want);
+        for (size_t r = 0; r < cs[k].height; r++)
+            memcpy(want + cs[k].doff + r * cs[k].dpitch, back + cs[k].soff + r * cs[k].spitch, cs[k].width);
+        if (memcmp(got, want, sizeof want))
+            fail_msg("device copy case %zu (offsets %zu / %zu, pitches %zu / %zu, width %zu) differs", k,
+                     cs[k].doff, cs[k].soff, cs[k].dpitch, cs[k].spitch, cs[k].width);
+    }
     gpu_ops->free(st, d1), gpu_ops->free(st, d2);
 }
 
