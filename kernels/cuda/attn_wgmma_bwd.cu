@@ -183,11 +183,20 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
 }
 
 // The block's keys and query tiles: keys [k0, k0 + BK) of kv head hk, batch
-// b; query tile t (of ntotal) is head hk * G + t / nt, rows i_first +
-// (t % nt) * BQ.
+// b; query tile t (of ntotal) is head(t) = hk * G + t / nt, rows from row(t)
+// = i_first + (t % nt) * BQ.
 struct bwd_block {
     int64_t k0, b, i_first, nt, ntotal;
     int hk;
+
+    __device__ __forceinline__ int head(int64_t t, int G) const
+    {
+        return hk * G + (int)(t / nt);
+    }
+    __device__ __forceinline__ int64_t row(int64_t t) const
+    {
+        return i_first + (t % nt) * WB_BQ;
+    }
 };
 
 __device__ __forceinline__ bwd_block bwd_block_of(const attn_params &p)
@@ -219,14 +228,14 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
     const bwd_block w = bwd_block_of(p);
-    const int64_t b = w.b, nt = w.nt, ntotal = w.ntotal;
+    const int64_t b = w.b, ntotal = w.ntotal;
     const int hk = w.hk;
     const int64_t jrow0 = w.k0 + wgi * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
     const int dcol0 = wgi * (DP / 2);                      // this warpgroup's dQ columns
 
     auto load_q = [&](int64_t t) {
-        const int h = hk * p.G + (int)(t / nt);
-        const int64_t i0 = w.i_first + (t % nt) * BQ;
+        const int h = w.head(t, p.G);
+        const int64_t i0 = w.row(t);
         const uint32_t st = (uint32_t)(t & 1);
         load_sw<T, BQ, DP, WB_THREADS>(Qs + st * QB, p.q, b, i0, p.Sq, h, p.D);
         load_sw<T, BQ, DP, WB_THREADS>(dOs + st * QB, p.dout, b, i0, p.Sq, h, p.Dv);
@@ -262,8 +271,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
     a.kb4 = (Ks + (dcol0 >> 6) * BK * 128 + (dcol0 & 63) * 2) >> 4;
     a.ds = dSs;
     for (int64_t t = 0; t < ntotal; t++) {
-        const int h = hk * p.G + (int)(t / nt);
-        const int64_t i0 = w.i_first + (t % nt) * BQ;
+        const int h = w.head(t, p.G);
+        const int64_t i0 = w.row(t);
         const uint32_t st = (uint32_t)(t & 1);
         a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * 2 * BQ * 4;
         cp_async_wait_all();
@@ -393,7 +402,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
     const bwd_block w = bwd_block_of(p);
-    const int64_t b = w.b, nt = w.nt, ntotal = w.ntotal;
+    const int64_t b = w.b, ntotal = w.ntotal;
     const int hk = w.hk;
 
     if (threadIdx.x == 0) {
@@ -412,7 +421,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             tma_tile<BK, DP>(Vs, mp, MV, kvfull, (int)w.k0, hk, (int)b);
             for (int64_t t = 0; t < ntotal; t++) {
                 const int st = (int)(t % ST);
-                const int h = hk * p.G + (int)(t / nt), i0 = (int)(w.i_first + (t % nt) * BQ);
+                const int h = w.head(t, p.G), i0 = (int)w.row(t);
                 if (t >= ST)
                     mbar_wait(empty + 8 * st, (uint32_t)((t / ST) + 1) & 1);
                 const uint32_t bar = full + 8 * st;
@@ -443,8 +452,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         if (ntotal > 0)
             mbar_wait(kvfull, 0);
         for (int64_t t = 0; t < ntotal; t++) {
-            const int h = hk * p.G + (int)(t / nt);
-            const int64_t i0 = w.i_first + (t % nt) * BQ;
+            const int h = w.head(t, p.G);
+            const int64_t i0 = w.row(t);
             const int st = (int)(t % ST);
             a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * LB;
             a.ds = dSs + (uint32_t)(t & 1) * SB;

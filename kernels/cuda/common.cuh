@@ -137,11 +137,20 @@ constexpr float LN2 = 0.6931471805599453f;
 // ---------------------------------------------------------------------------
 // Device helpers.
 
+// One element of a storage type to float and back (to nearest even).
+__device__ __forceinline__ float get_f(float v) { return v; }
+__device__ __forceinline__ float get_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float get_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void put_f(float &d, float v) { d = v; }
+__device__ __forceinline__ void put_f(__half &d, float v) { d = __float2half_rn(v); }
+__device__ __forceinline__ void put_f(__nv_bfloat16 &d, float v) { d = __float2bfloat16_rn(v); }
+
+// The same for an element of a runtime dtype.
 __device__ __forceinline__ float ld_f(const void *p, cp_dtype t, int64_t i)
 {
     switch (t) {
-    case CP_DTYPE_F16: return __half2float(static_cast<const __half *>(p)[i]);
-    case CP_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    case CP_DTYPE_F16: return get_f(static_cast<const __half *>(p)[i]);
+    case CP_DTYPE_BF16: return get_f(static_cast<const __nv_bfloat16 *>(p)[i]);
     case CP_DTYPE_F64: return (float)static_cast<const double *>(p)[i];
     default: return static_cast<const float *>(p)[i];
     }
@@ -150,8 +159,8 @@ __device__ __forceinline__ float ld_f(const void *p, cp_dtype t, int64_t i)
 __device__ __forceinline__ void st_f(void *p, cp_dtype t, int64_t i, float v)
 {
     switch (t) {
-    case CP_DTYPE_F16: static_cast<__half *>(p)[i] = __float2half_rn(v); break;
-    case CP_DTYPE_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
+    case CP_DTYPE_F16: put_f(static_cast<__half *>(p)[i], v); break;
+    case CP_DTYPE_BF16: put_f(static_cast<__nv_bfloat16 *>(p)[i], v); break;
     case CP_DTYPE_F64: static_cast<double *>(p)[i] = v; break;
     default: static_cast<float *>(p)[i] = v; break;
     }

@@ -31,19 +31,12 @@ __global__ void convert_kernel(void *dst, cp_dtype dt, const void *src, cp_dtype
         st_d(dst, dt, i, ld_d(src, sdt, i));
 }
 
-__device__ __forceinline__ float get_f(float v) { return v; }
-__device__ __forceinline__ float get_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float get_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void put_f(float &d, float v) { d = v; }
-__device__ __forceinline__ void put_f(__half &d, float v) { d = __float2half_rn(v); }
-__device__ __forceinline__ void put_f(__nv_bfloat16 &d, float v) { d = __float2bfloat16_rn(v); }
-
 // Between F32 and a 16-bit type, eight elements a thread per step (two
 // 16-byte accesses on the F32 side, one on the other) where both pointers
 // are 16-byte aligned: the F32 accumulators of a CP ring come back to the
 // storage type this way at the end of every forward and backward, and the
 // one-element kernel above reaches about half the memory bandwidth. The
-// rounding is convert_kernel's (to nearest even).
+// rounding is convert_kernel's (put_f: to nearest even).
 template <typename D, typename S>
 __global__ void convert8_kernel(D *dst, const S *src, size_t n)
 {
