@@ -41,8 +41,8 @@ enum { MAX_REPS = 100 };
 typedef struct run_result {
     double fwd_s[MAX_REPS], bwd_s[MAX_REPS]; /* per repetition, the slowest rank */
     /* per repetition: the first rank's start of the forward and the last
-     * rank's end of the backward (host clock), and their difference */
-    double start_s[MAX_REPS], end_s[MAX_REPS], step_s[MAX_REPS];
+     * rank's end of the backward (host clock) */
+    double start_s[MAX_REPS], end_s[MAX_REPS];
     size_t ws_bytes;
     size_t peak_bytes; /* --memory: device bytes the ranks held at most, all ranks together */
     cp_status status;
@@ -244,7 +244,6 @@ static void *rank_main(void *arg)
         res->bwd_s[rep] = fmax(res->bwd_s[rep], t2 - t1);
         res->start_s[rep] = res->end_s[rep] == 0 ? t0 : fmin(res->start_s[rep], t0);
         res->end_s[rep] = fmax(res->end_s[rep], t2);
-        res->step_s[rep] = res->end_s[rep] - res->start_s[rep];
         pthread_mutex_unlock(&sh->lock);
     }
     pthread_mutex_lock(&sh->lock);
@@ -348,6 +347,27 @@ static double median(const double *v, int n)
     memcpy(t, v, (size_t)n * sizeof *t);
     qsort(t, (size_t)n, sizeof *t, cmp_double);
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Median over the repetitions of first start to last end (the step). */
+static double median_step(const run_result *rr, int reps)
+{
+    double st[MAX_REPS];
+    for (int i = 0; i < reps; i++)
+        st[i] = rr->end_s[i] - rr->start_s[i];
+    return median(st, reps);
+}
+
+/* The single-rank run every CP run is compared with: local transport, this
+ * process's first device; out gets its results when gather is set. */
+static int run_single(const bench_opts *c, const launch *l, const demo_data *in, demo_data *out, run_result *rr,
+                      const devmem *dm, int cores, int gather)
+{
+    launch single = { BENCH_LOCAL, 1, 0, 1, l->devices, { 0 } };
+    run_spec one = { CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, 1 };
+    bench_opts c1 = *c;
+    c1.cp = 1;
+    return run(&c1, &single, &one, in, out, rr, dm, cores, gather);
 }
 
 /* max |x - ref| / max |ref| over a tensor of n values. */
@@ -461,17 +481,12 @@ int bench_demo(const bench_opts *o)
     double one_s = 0, one_fb = 0;
     int bad = 0;
     if (lead) {
-        /* the single-rank run: local transport, this process's first device */
-        launch single = { BENCH_LOCAL, 1, 0, 1, l.devices, { 0 } };
-        run_spec one = { CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, 1 };
-        bench_opts c1 = c;
-        c1.cp = 1;
-        if (run(&c1, &single, &one, &in, &ref, rr, &dm, cores, !c.timing_only)) {
+        if (run_single(&c, &l, &in, &ref, rr, &dm, cores, !c.timing_only)) {
             fprintf(stderr, "single-rank run failed: %s\n", rr->error);
             return 1;
         }
         double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps);
-        one_s = median(rr->step_s, c.reps);
+        one_s = median_step(rr, c.reps);
         one_fb = f + b;
         printf("%-10s %-10s %4s %7s  %9s %9s %9s %9s  %9s %9s %9s %7s %7s  %10s", "mode", "layout", "cp", "a2a*p2p",
                "err out", "err dq", "err dk", "err dv", "fwd ms", "bwd ms", "step ms", "vs cp1", "f+b/cp1",
@@ -514,7 +529,7 @@ int bench_demo(const bench_opts *o)
             }
             if (!lead)
                 continue;
-            double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps), st = median(rr->step_s, c.reps);
+            double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps), st = median_step(rr, c.reps);
             char errs[64] = "        -         -         -         -";
             int ok = 1;
             if (!c.timing_only) {
@@ -535,12 +550,8 @@ int bench_demo(const bench_opts *o)
         /* The single-rank run once more: a GPU that clocks down as it warms
          * up would make the later CP runs look slower than they are; the
          * difference between the two single-rank runs shows how much. */
-        launch single = { BENCH_LOCAL, 1, 0, 1, l.devices, { 0 } };
-        run_spec one = { CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, 1 };
-        bench_opts c1 = c;
-        c1.cp = 1;
-        if (run(&c1, &single, &one, &in, &got, rr, &dm, cores, 0) == 0) {
-            double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps), st = median(rr->step_s, c.reps);
+        if (run_single(&c, &l, &in, &got, rr, &dm, cores, 0) == 0) {
+            double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps), st = median_step(rr, c.reps);
             printf("%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %9.2f %7.3f %7.3f\n", "(single)", "again", 1, "-",
                    "-", "-", "-", "-", 1e3 * f, 1e3 * b, 1e3 * st, st / one_s, (f + b) / one_fb);
         }
