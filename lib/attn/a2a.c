@@ -36,16 +36,26 @@ size_t cpi_a2a_item_bytes(const cp_attn_plan *p, const cpi_a2a_item *it)
     return (size_t)p->d.batch * (size_t)p->s_loc * (size_t)h->heads * (size_t)h->dim * cpi_dtype_size(h->dtype);
 }
 
+/* Member m's spans in its local order and the head-side row where each
+ * starts (sorted token-set order); returns how many. */
+static int member_spans(const cp_attn_plan *p, int m, cpi_span spans[CPI_MAX_SPANS], int64_t rows[CPI_MAX_SPANS])
+{
+    const int n = cpi_layout_spans(p->d.layout, p->P, sub_rank(p, m), p->d.seq_len, spans);
+    for (int i = 0; i < n; i++)
+        rows[i] = cpi_tokset_row(&p->sub[p->ring_rank], spans[i].offset);
+    return n;
+}
+
 /* Copy the rows of member m's tokens between its block (local order) and the
  * [T, slice] side (sorted token-set order). to_block: direction. */
 static cp_status member_rows(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int m, int to_block)
 {
     cpi_span spans[CPI_MAX_SPANS];
-    int n = cpi_layout_spans(p->d.layout, p->P, sub_rank(p, m), p->d.seq_len, spans);
-    const cpi_tokset *t = &p->sub[p->ring_rank];
+    int64_t rows[CPI_MAX_SPANS];
+    const int n = member_spans(p, m, spans, rows);
     int64_t local = 0;
     for (int i = 0; i < n; i++) {
-        int64_t row = cpi_tokset_row(t, spans[i].offset);
+        const int64_t row = rows[i];
         if (it->lse_h) {
             cpi_lse b = block_l(p, it, base, m);
             CPI_TRY(to_block ? cpi_copy_lse(p, &b, local, 0, it->lse_h, row, 0, spans[i].len, b.heads)
@@ -87,13 +97,13 @@ static int blocks_are_rows(const cp_attn_plan *p, const cpi_a2a_item *it)
     if (it->lse_h || (p->d.batch != 1 && p->d.format != CP_FORMAT_SBHD) ||
         it->tensor_h->ntok != (int64_t)p->A * p->s_loc)
         return 0;
-    const cpi_tokset *t = &p->sub[p->ring_rank];
     for (int m = 0; m < p->A; m++) {
         cpi_span spans[CPI_MAX_SPANS];
-        int n = cpi_layout_spans(p->d.layout, p->P, sub_rank(p, m), p->d.seq_len, spans);
+        int64_t rows[CPI_MAX_SPANS];
+        const int n = member_spans(p, m, spans, rows);
         int64_t local = 0;
         for (int i = 0; i < n; i++) {
-            if (cpi_tokset_row(t, spans[i].offset) != (int64_t)m * p->s_loc + local)
+            if (rows[i] != (int64_t)m * p->s_loc + local)
                 return 0;
             local += spans[i].len;
         }
