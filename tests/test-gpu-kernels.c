@@ -563,6 +563,11 @@ static const blk cases[] = {
      * see no key: items without tiles between ones with) */
     {"persistent-d64", 1, 24, 6, 64, 64, 1100, 640, 0, 200, 1, CP_FORMAT_BSHD, 0},
     {"persistent-d128", 1, 8, 8, 128, 128, 2200, 300, 0, 0, 1, CP_FORMAT_BSHD, 0},
+    /* more (key block, kv head, batch) items than SMs for the persistent
+     * wgmma backward: short items (a few query tiles), GQA heads walked in
+     * turn, the last key blocks seen by no query (items without tiles) */
+    {"persistent-bwd-d128", 2, 8, 8, 128, 128, 100, 1300, 1000, 0, 1, CP_FORMAT_BSHD, 0},
+    {"persistent-bwd-d64", 1, 24, 12, 64, 64, 130, 1500, 1200, 0, 1, CP_FORMAT_BSHD, 0},
 };
 static const cp_dtype dtypes[] = {CP_DTYPE_F32, CP_DTYPE_F16, CP_DTYPE_BF16};
 static const char *dtype_name[] = {"f32", "f16", "bf16"};

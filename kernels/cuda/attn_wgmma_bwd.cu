@@ -19,7 +19,9 @@
 // (the default, bwd_wgmma_ws_kernel) adds a loader warpgroup: K, V, and per
 // query tile Q, dO, their LSE and rowsum(dO * O) come through TMA into two
 // stages guarded by mbarriers; the consumers meet once per tile, at the
-// barrier that publishes dS^T. Its dQ columns go through shared memory to
+// barrier that publishes dS^T. With more items (key blocks) than SMs it is
+// persistent: one block per SM takes items from a work counter
+// (INFINICP_CUDA_WGBWD=blocks: a block per item). Its dQ columns go through shared memory to
 // bulk tensor reductions (whole lines, one thread issuing them), and so do
 // dK and dV where they are F32 sums added into (the CP layer's travelling
 // accumulators). The other kernel loads with cp.async, double-buffered, one
@@ -199,16 +201,30 @@ struct bwd_block {
     }
 };
 
-__device__ __forceinline__ bwd_block bwd_block_of(const attn_params &p)
+__device__ __forceinline__ bwd_block bwd_block_at(const attn_params &p, int64_t x, int hk, int64_t b)
 {
     bwd_block w;
-    w.k0 = (int64_t)blockIdx.x * WB_BK;
-    w.hk = blockIdx.y;
-    w.b = blockIdx.z;
+    w.k0 = x * WB_BK;
+    w.hk = hk;
+    w.b = b;
     w.i_first = first_query(p, w.k0) / WB_BQ * WB_BQ;
     w.nt = w.i_first < p.Sq ? (p.Sq - w.i_first + WB_BQ - 1) / WB_BQ : 0; // query tiles per head
     w.ntotal = w.nt * p.G;
     return w;
+}
+
+__device__ __forceinline__ bwd_block bwd_block_of(const attn_params &p)
+{
+    return bwd_block_at(p, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+// Work item w of the warp-specialised kernel: key blocks fastest, then kv
+// heads, then batches (the order of bwd_block_of's grid; causal key blocks
+// with the most query tiles first).
+__device__ __forceinline__ bwd_block bwd_item(const attn_params &p, int w)
+{
+    const int nx = (int)((p.Sk + WB_BK - 1) / WB_BK), hb = w / nx;
+    return bwd_block_at(p, w - hb * nx, hb % p.Hkv, hb / p.Hkv);
 }
 #endif // CP_WGMMA_BODY
 
@@ -305,11 +321,14 @@ constexpr int WS_STAGES = 2;    // Q / dO / LSE / rowsum stages
 
 // Bytes of dynamic shared memory: K, V, the Q / dO stages, two dS^T buffers,
 // with DQ_TMA two fp32 dQ tiles (64 x DP / 2) per consumer, the LSE / rowsum
-// stages, the mbarriers (8 bytes each) and the alignment.
+// stages, the mbarriers (8 bytes each: K / V full and empty, a full and an
+// empty one per stage and per item slot), the two item slots and the
+// alignment.
 constexpr int wgbwd_ws_smem(int DP, bool dq_tma)
 {
     return (2 * WB_BK + 2 * WS_STAGES * WB_BQ) * DP * 2 + 2 * WB_BK * WB_BQ * 2 +
-           (dq_tma ? 2 * 2 * WB_BQ * DP * 2 : 0) + WS_STAGES * 2 * WB_BQ * 4 + 8 * (1 + 2 * WS_STAGES) + 1024;
+           (dq_tma ? 2 * 2 * WB_BQ * DP * 2 : 0) + WS_STAGES * 2 * WB_BQ * 4 + 8 * (2 + 2 * WS_STAGES + 4) + 16 +
+           1024;
 }
 
 #ifdef CP_WGMMA_BODY
@@ -346,13 +365,6 @@ __device__ __forceinline__ void bulk_wait_read(bool on)
                  : "memory");
 }
 
-// Until every bulk group of this thread is complete.
-__device__ __forceinline__ void bulk_wait_all(bool on)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p cp.async.bulk.wait_group 0;\n}\n" ::"r"((int)on)
-                 : "memory");
-}
-
 // Byte offset of this thread's accumulator pair (8-column block nb, row
 // half r) in fp32 tiles of 32-column boxes, 64 rows x 128 bytes each, 16-byte
 // chunks swizzled by row & 7 (= g): the layout of the sum maps.
@@ -365,9 +377,9 @@ __device__ __forceinline__ uint32_t sum_off(int nb, int r, int warp, int g, int 
 #endif // CP_WGMMA_BODY
 
 // The same computation with a loader warpgroup whose first thread issues
-// every copy through TMA: K and V once, then per query tile Q, dO, their LSE
-// and rowsum(dO * O) into one of WS_STAGES stages, each with a "full"
-// mbarrier the copies complete and an "empty" one the 8 consumer warps
+// every copy through TMA: K and V of an item, then per query tile Q, dO,
+// their LSE and rowsum(dO * O) into one of WS_STAGES stages, each with a
+// "full" mbarrier the copies complete and an "empty" one the 8 consumer warps
 // arrive on once their products have read it. Rows past Sq arrive as zeros
 // (LSE 0, rowsum 0, Q and dO rows 0: their P is 1 but every product it
 // enters has a zero factor, and their dQ is never stored). No block-wide
@@ -376,9 +388,19 @@ __device__ __forceinline__ uint32_t sum_off(int nb, int r, int warp, int g, int 
 // writes tile t + 1's rows only after passing tile t's barrier, which the
 // other warpgroup reaches only after its dQ of tile t - 1 is done).
 //
+// Persistent: a block works on items (bwd_item: key blocks of a kv head) in
+// turn, taken from *counter, or j, j + gridDim.x, ... for block j without
+// one; the launch gives it one item per block or one block per SM. Across
+// items the query-tile stages, their barrier phases and the dS^T / dQ
+// buffers run on (counted by the tiles of the block so far), and the loader
+// brings the next item's K and V (once both consumers' last products of an
+// item are done: kvempty) and first query tiles while the consumers store
+// dK and dV, so that an item's start and end overlap its neighbour's work.
+//
 // epi (DQ_TMA only; F32 gradients added into, p.grad_accumulate): dK and dV
-// reach their sums the same way, through shared memory and bulk reductions,
-// instead of loading the old values, adding and storing.
+// reach their sums through shared memory and bulk reductions too (each
+// consumer stages them, dK then dV, in its own two dQ tiles), instead of
+// loading the old values, adding and storing.
 //
 // DQ_TMA: each consumer writes its dQ columns (fp32) to one of two shared
 // tiles and its first thread adds the tile into p.dqa with bulk tensor
@@ -388,140 +410,205 @@ __device__ __forceinline__ uint32_t sum_off(int nb, int r, int warp, int g, int 
 // which the other threads pass after it).
 template <typename T, int DP, bool DQ_TMA>
 __global__ void __launch_bounds__(WS_THREADS, 1)
-    bwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wb_maps mp, int epi)
+    bwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wb_maps mp, int epi, int items, int *counter)
 {
 #ifdef CP_WGMMA_BODY
     using namespace wg;
     constexpr int BK = WB_BK, BQ = WB_BQ, ND = DP / 8, ST = WS_STAGES;
     constexpr uint32_t KB = BK * DP * 2, QB = BQ * DP * 2, SB = BK * BQ * 2, LB = 2 * BQ * 4; // bytes
     constexpr uint32_t DQB = DQ_TMA ? BQ * DP * 2 : 0; // one consumer's fp32 dQ tile (DP / 2 columns)
+    // setmaxnreg: the consumers of D = 128 need 240 registers; at D = 64 the
+    // loader spills below 56 (its item bookkeeping) and the consumers fit in
+    // 216, within the 168 x 384 the launch bounds give the block
+    constexpr int LOADER_REGS = DP == 64 ? 56 : 24, CONSUMER_REGS = DP == 64 ? 216 : 240;
+    static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * WS_THREADS, "registers of the block");
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Ks = (smem_addr(smem) + 1023) & ~1023u, Vs = Ks + KB, Qs = Vs + KB, dOs = Qs + ST * QB,
                    dSs = dOs + ST * QB, dQs = dSs + 2 * SB, Ls = dQs + 4 * DQB, kvfull = Ls + ST * LB,
-                   full = kvfull + 8, empty = full + 8 * ST;
+                   kvempty = kvfull + 8, full = kvempty + 8, empty = full + 8 * ST, ifull = empty + 8 * ST,
+                   iempty = ifull + 16, islot = iempty + 16; // two item numbers, 8 bytes apart
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
-    const bwd_block w = bwd_block_of(p);
-    const int64_t b = w.b, ntotal = w.ntotal;
-    const int hk = w.hk;
 
     if (threadIdx.x == 0) {
-        mbar_init(kvfull, 1);
+        mbar_init(kvfull, 1), mbar_init(kvempty, 8); // 8 consumer warps release K and V
         for (int st = 0; st < ST; st++)
-            mbar_init(full + 8 * st, 1), mbar_init(empty + 8 * st, 8); // 8 consumer warps release a stage
+            mbar_init(full + 8 * st, 1), mbar_init(empty + 8 * st, 8); // and a stage
+        for (int sl = 0; sl < 2; sl++)
+            mbar_init(ifull + 8 * sl, 1), mbar_init(iempty + 8 * sl, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
+    // The items a block works on, in turn: with a counter, the next one not
+    // taken, else every gridDim.x-th. The loader takes them and passes each
+    // on through one of two shared slots.
+    auto take = [&](int k) -> int {
+        if (!counter) // (items + gridDim.x < 2^31: see launch)
+            return (int)blockIdx.x + k * (int)gridDim.x;
+        const int v = atomicAdd(counter, 1);
+        // every block takes one number past the last item; whoever takes the
+        // very last number leaves the counter at 0 for the next launch
+        if (v == items + (int)gridDim.x - 1)
+            atomicExch(counter, 0);
+        return v;
+    };
+
     if (wgi == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-        if (threadIdx.x == 0 && ntotal > 0) {
-            mbar_expect_tx(kvfull, 2 * KB);
-            tma_tile<BK, DP>(Ks, mp, MK, kvfull, (int)w.k0, hk, (int)b);
-            tma_tile<BK, DP>(Vs, mp, MV, kvfull, (int)w.k0, hk, (int)b);
-            for (int64_t t = 0; t < ntotal; t++) {
-                const int st = (int)(t % ST);
-                const int h = w.head(t, p.G), i0 = (int)w.row(t);
-                if (t >= ST)
-                    mbar_wait(empty + 8 * st, (uint32_t)((t / ST) + 1) & 1);
-                const uint32_t bar = full + 8 * st;
-                mbar_expect_tx(bar, 2 * QB + LB);
-                tma_tile<BQ, DP>(Qs + st * QB, mp, MQ, bar, i0, h, (int)b);
-                tma_tile<BQ, DP>(dOs + st * QB, mp, MDO, bar, i0, h, (int)b);
-                tma_box(Ls + st * LB, mp, MLSE, bar, i0, 0, h, (int)b);
-                tma_box(Ls + st * LB + BQ * 4, mp, MDROW, bar, i0, 0, h, (int)b);
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(LOADER_REGS) : "memory");
+        if (threadIdx.x == 0) {
+            // 32-bit counters (24 registers): rows < 2^31 (make_maps), and
+            // only gt mod 4 matters, which wrapping keeps
+            uint32_t gt = 0; // query tiles loaded so far
+            int nkv = 0;     // items whose K and V were loaded
+            for (int k = 0;; k++) {
+                const int sl = k & 1;
+                if (k >= 2)
+                    mbar_wait(iempty + 8 * sl, (uint32_t)((k >> 1) + 1) & 1);
+                const int it = take(k);
+                st_shared_u32(islot + 8 * sl, (uint32_t)it);
+                mbar_arrive_warp(ifull + 8 * sl, 0);
+                if (it >= items)
+                    break;
+                const bwd_block w = bwd_item(p, it);
+                const int nt = (int)w.nt, r0 = (int)w.i_first, bt = (int)w.b, h0 = w.hk * p.G;
+                if (nt == 0)
+                    continue;
+                if (nkv > 0)
+                    mbar_wait(kvempty, (uint32_t)(nkv - 1) & 1);
+                mbar_expect_tx(kvfull, 2 * KB);
+                tma_tile<BK, DP>(Ks, mp, MK, kvfull, (int)w.k0, w.hk, bt);
+                tma_tile<BK, DP>(Vs, mp, MV, kvfull, (int)w.k0, w.hk, bt);
+                nkv++;
+                for (int h = h0; h < h0 + p.G; h++) // the tiles in bwd_block's order (head, row)
+                    for (int i0 = r0; i0 < r0 + nt * BQ; i0 += BQ, gt++) {
+                        // (parity 1 of a fresh barrier: its first two waits pass)
+                        const uint32_t st = gt % ST;
+                        mbar_wait(empty + 8 * st, ((gt / ST) + 1) & 1);
+                        const uint32_t bar = full + 8 * st;
+                        mbar_expect_tx(bar, 2 * QB + LB);
+                        tma_tile<BQ, DP>(Qs + st * QB, mp, MQ, bar, i0, h, bt);
+                        tma_tile<BQ, DP>(dOs + st * QB, mp, MDO, bar, i0, h, bt);
+                        tma_box(Ls + st * LB, mp, MLSE, bar, i0, 0, h, bt);
+                        tma_box(Ls + st * LB + BQ * 4, mp, MDROW, bar, i0, 0, h, bt);
+                    }
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
         const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
         const int g = lane >> 2, tq = lane & 3;
-        const bool leader = (threadIdx.x & 127) == 0; // issues the consumer's dQ reductions
-        const int64_t jrow0 = w.k0 + c * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
-        const int dcol0 = c * (DP / 2);                      // this warpgroup's dQ columns
-        float adk[ND][4], adv[ND][4];
-#pragma unroll
-        for (int nb = 0; nb < ND; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                adk[nb][e] = adv[nb][e] = 0.0f;
-
+        const bool leader = (threadIdx.x & 127) == 0; // issues the consumer's bulk reductions
+        const int dcol0 = c * (DP / 2);               // this warpgroup's dQ columns
         tile_smem a;
         a.ka4 = (Ks + c * 64 * 128) >> 4, a.va4 = (Vs + c * 64 * 128) >> 4;
         a.kb4 = (Ks + (dcol0 >> 6) * BK * 128 + (dcol0 & 63) * 2) >> 4;
-        if (ntotal > 0)
-            mbar_wait(kvfull, 0);
-        for (int64_t t = 0; t < ntotal; t++) {
-            const int h = w.head(t, p.G);
-            const int64_t i0 = w.row(t);
-            const int st = (int)(t % ST);
-            a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * LB;
-            a.ds = dSs + (uint32_t)(t & 1) * SB;
-            const uint32_t dqt = dQs + (uint32_t)(2 * c + (t & 1)) * DQB;
-            mbar_wait(full + 8 * st, (uint32_t)(t / ST) & 1);
-            bwd_tile<T, DP, true>(
-                p, adk, adv, a, i0, h, b, jrow0, c * 64 + warp * 16 + g, dcol0, warp, g, tq,
-                [&] {
-                    if constexpr (DQ_TMA)
-                        bulk_wait_read<1>(leader); // the reduction of tile t - 2 has read dqt
-                    named_sync(1);
-                },
-                [&](const float(&dq)[DP / 16][4]) {
-                    if constexpr (!DQ_TMA) {
-                        add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
-                    } else {
+        uint32_t gt = 0; // query tiles of the block so far (mod 2^32: only gt mod 4 matters)
+        int nkv = 0;     // items with K and V loaded so far
+        bool staged = false; // the last bulk group read both dQ tiles (dK / dV staging)
+        for (int k = 0;; k++) {
+            const int sl = k & 1;
+            mbar_wait(ifull + 8 * sl, (uint32_t)(k >> 1) & 1);
+            const int it = (int)ld_shared_u32(islot + 8 * sl);
+            mbar_arrive_warp(iempty + 8 * sl, lane);
+            if (it >= items)
+                break;
+            const bwd_block w = bwd_item(p, it);
+            const int64_t b = w.b, ntotal = w.ntotal;
+            if (p.grad_accumulate && ntotal == 0)
+                continue; // no query sees these keys: nothing to add
+            const int64_t jrow0 = w.k0 + c * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
+            float adk[ND][4], adv[ND][4];
 #pragma unroll
-                        for (int nb = 0; nb < DP / 16; nb++)
+            for (int nb = 0; nb < ND; nb++)
 #pragma unroll
-                            for (int r = 0; r < 2; r++)
-                                st_shared_v2(dqt + sum_off(nb, r, warp, g, tq), dq[nb][2 * r], dq[nb][2 * r + 1]);
+                for (int e = 0; e < 4; e++)
+                    adk[nb][e] = adv[nb][e] = 0.0f;
+            if (ntotal > 0)
+                mbar_wait(kvfull, (uint32_t)nkv & 1);
+            for (int64_t t = 0; t < ntotal; t++, gt++) {
+                const int h = w.head(t, p.G);
+                const int64_t i0 = w.row(t);
+                const uint32_t st = gt % ST;
+                a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * LB;
+                a.ds = dSs + (gt & 1) * SB;
+                const uint32_t dqt = dQs + (2 * c + (gt & 1)) * DQB;
+                mbar_wait(full + 8 * st, (gt / ST) & 1);
+                const bool after_staging = staged && t == 0;
+                bwd_tile<T, DP, true>(
+                    p, adk, adv, a, i0, h, b, jrow0, c * 64 + warp * 16 + g, dcol0, warp, g, tq,
+                    [&] {
+                        if constexpr (DQ_TMA) {
+                            bulk_wait_read<1>(leader); // the reduction of tile t - 2 has read dqt
+                            bulk_wait_read<0>(leader && after_staging); // dK / dV staging has
+                        }
+                        named_sync(1);
+                    },
+                    [&](const float(&dq)[DP / 16][4]) {
+                        if constexpr (!DQ_TMA) {
+                            add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+                        } else {
+#pragma unroll
+                            for (int nb = 0; nb < DP / 16; nb++)
+#pragma unroll
+                                for (int r = 0; r < 2; r++)
+                                    st_shared_v2(dqt + sum_off(nb, r, warp, g, tq), dq[nb][2 * r],
+                                                 dq[nb][2 * r + 1]);
+                            fence_proxy_async();
+                            named_sync<128>(2 + c); // this consumer's rows are in
+#pragma unroll
+                            for (int bx = 0; bx < DP / 64; bx++)
+                                tma_reduce_add(leader, mp, MDQ, dqt + bx * (BQ * 128), dcol0 + bx * 32, (int)i0,
+                                               h, (int)b);
+                            bulk_commit(leader);
+                        }
+                    });
+                mbar_arrive_warp(empty + 8 * st, lane); // tile t's stage is read
+            }
+            if (ntotal > 0) {
+                mbar_arrive_warp(kvempty, lane); // every product of the item is done: K and V are free
+                nkv++;
+            }
+            staged = false;
+            if constexpr (DQ_TMA) {
+                if (epi) {
+                    // dK, then dV, of this consumer's 64 keys as fp32 32-column
+                    // boxes in its two dQ tiles, once the reductions of the
+                    // item's last two dQ tiles have read them
+                    constexpr uint32_t EB = 64 * DP * 4; // one consumer's dK (or dV), fp32
+                    static_assert(EB == 2 * DQB, "dK staged in a consumer's two dQ tiles");
+                    static_assert(BQ == 64, "64-row boxes: the dQ layout");
+                    const uint32_t e = dQs + (uint32_t)(2 * c) * DQB;
+#pragma unroll
+                    for (int pass = 0; pass < 2; pass++) {
+                        bulk_wait_read<0>(leader);
+                        named_sync<128>(2 + c); // the tiles are free
+#pragma unroll
+                        for (int nb = 0; nb < ND; nb++)
+#pragma unroll
+                            for (int r = 0; r < 2; r++) {
+                                const float(&acc)[ND][4] = pass ? adv : adk;
+                                st_shared_v2(e + sum_off(nb, r, warp, g, tq), acc[nb][2 * r], acc[nb][2 * r + 1]);
+                            }
                         fence_proxy_async();
                         named_sync<128>(2 + c); // this consumer's rows are in
 #pragma unroll
-                        for (int bx = 0; bx < DP / 64; bx++)
-                            tma_reduce_add(leader, mp, MDQ, dqt + bx * (BQ * 128), dcol0 + bx * 32, (int)i0, h, (int)b);
+                        for (int bx = 0; bx < DP / 32; bx++)
+                            tma_reduce_add(leader, mp, pass ? MDV : MDK, e + bx * (BQ * 128), bx * 32,
+                                           (int)(w.k0 + c * 64), w.hk, (int)b);
                         bulk_commit(leader);
                     }
-                });
-            mbar_arrive_warp(empty + 8 * st, lane); // tile t's stage is read
-        }
-        if (p.grad_accumulate && ntotal == 0)
-            return; // no query sees these keys: nothing to add
-        if constexpr (DQ_TMA) {
-            bulk_wait_all(leader); // the reductions read shared memory until they are done
-            if (epi) {
-                // dK, dV of this consumer's 64 keys as fp32 32-column boxes
-                // over the Q / dO stages, dS^T and dQ tiles, once both
-                // consumers' products and reductions are done with them
-                constexpr uint32_t EB = 64 * DP * 4; // one consumer's dK (or dV), fp32
-                static_assert(4 * EB <= 2 * ST * QB + 2 * SB + 4 * DQB, "room for dK and dV");
-                static_assert(BQ == 64, "64-row boxes: the dQ layout");
-                named_sync(1);
-                const uint32_t ek = Qs + (uint32_t)c * 2 * EB, ev = ek + EB;
-#pragma unroll
-                for (int nb = 0; nb < ND; nb++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const uint32_t off = sum_off(nb, r, warp, g, tq);
-                        st_shared_v2(ek + off, adk[nb][2 * r], adk[nb][2 * r + 1]);
-                        st_shared_v2(ev + off, adv[nb][2 * r], adv[nb][2 * r + 1]);
-                    }
-                fence_proxy_async();
-                named_sync<128>(2 + c); // this consumer's rows are in
-#pragma unroll
-                for (int bx = 0; bx < DP / 32; bx++) {
-                    tma_reduce_add(leader, mp, MDK, ek + bx * (BQ * 128), bx * 32, (int)(w.k0 + c * 64), hk, (int)b);
-                    tma_reduce_add(leader, mp, MDV, ev + bx * (BQ * 128), bx * 32, (int)(w.k0 + c * 64), hk, (int)b);
+                    staged = true;
+                    continue;
                 }
-                bulk_commit(leader);
-                bulk_wait_all(leader);
-                return;
             }
+            store_dkdv_rows(p, adk, adv, b, w.hk, jrow0, 0, tq);
         }
-        store_dkdv_rows(p, adk, adv, b, hk, jrow0, 0, tq);
+        if constexpr (DQ_TMA)
+            bulk_wait_read<0>(leader); // shared memory stays until the reductions have read it
     }
 #else
-    (void)p, (void)mp;
+    (void)p, (void)mp, (void)epi, (void)items, (void)counter;
 #endif
 }
 
@@ -546,8 +633,10 @@ bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, bool *epi)
     return ok;
 }
 
+// One item a block, or (persistent) one block an SM when there are more
+// items than SMs.
 template <typename T, int DP, bool DQ_TMA>
-cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, dim3 grid, bool epi)
+cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, int64_t items, bool epi)
 {
     constexpr int bytes = wgbwd_ws_smem(DP, DQ_TMA);
     auto kernel = bwd_wgmma_ws_kernel<T, DP, DQ_TMA>;
@@ -555,7 +644,10 @@ cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, dim3 grid
     cp_status r = allow_smem((const void *)kernel, bytes, what);
     if (r != CP_SUCCESS)
         return r;
-    kernel<<<grid, WS_THREADS, bytes, s->stream>>>(p, mp, (int)epi);
+    const bool persist = s->wgbwd_persist && items > s->sm_count;
+    int *counter = persist ? s->sched + s->sched_next++ % SCHED_SLOTS : nullptr;
+    kernel<<<(unsigned)(persist ? s->sm_count : items), WS_THREADS, bytes, s->stream>>>(p, mp, (int)epi, (int)items,
+                                                                                      counter);
     return check_launch(what);
 }
 
@@ -563,13 +655,14 @@ template <typename T, int DP>
 cp_status launch(state *s, const attn_params &p)
 {
     dim3 grid((unsigned)((p.Sk + WB_BK - 1) / WB_BK), (unsigned)p.Hkv, (unsigned)p.B);
+    const int64_t items = (int64_t)grid.x * grid.y * grid.z;
     wb_maps mp;
     bool dq_tma = false, epi = false;
     if (!s->wgmma_cp && !s->wgbwd_early_dk && wgbwd_ws_smem(DP, false) <= s->smem_optin &&
-        make_maps(mp, p, &dq_tma, &epi)) {
+        items + s->sm_count <= INT32_MAX && make_maps(mp, p, &dq_tma, &epi)) {
         if (dq_tma && !s->wgbwd_red && wgbwd_ws_smem(DP, true) <= s->smem_optin)
-            return launch_ws<T, DP, true>(s, p, mp, grid, epi && !s->wgbwd_epi_ld);
-        return launch_ws<T, DP, false>(s, p, mp, grid, false);
+            return launch_ws<T, DP, true>(s, p, mp, items, epi && !s->wgbwd_epi_ld);
+        return launch_ws<T, DP, false>(s, p, mp, items, false);
     }
     constexpr int bytes = wgbwd_smem(DP);
     auto kernel = s->wgbwd_early_dk || !p.dqa_vec ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;

@@ -64,6 +64,7 @@ struct state {
     int wgfwd_mask_all;               // wgmma forward: every tile masked, no fused scaling (tuning)
     int copy_engine_only;             // every device copy on the copy engines (tuning; module.cu)
     int wgfwd_persist;                // wgmma forward: 1 persistent, items from a counter; 2 static; 0 not (tuning)
+    int wgbwd_persist;                // wgmma backward: 1 persistent, items from a counter; 0 not (tuning)
     int *sched;                       // SCHED_SLOTS work counters of persistent kernels, 0 between launches
     unsigned sched_next;              // the slot the next launch takes
 };

@@ -106,6 +106,7 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
     s->wgbwd_early_dk = wb && !strcmp(wb, "0");
     s->wgbwd_red = wb && !strcmp(wb, "red");
     s->wgbwd_epi_ld = wb && !strcmp(wb, "ld");
+    s->wgbwd_persist = !(wb && !strcmp(wb, "blocks")); // blocks: a block per item, not persistent
     // 0: every tile masked, scores scaled first; blocks: a block per item, not persistent; static:
     // persistent, every gridDim.x-th item (tuning, see attn_wgmma_fwd.cu)
     const char *wf = getenv("INFINICP_CUDA_WGFWD");
