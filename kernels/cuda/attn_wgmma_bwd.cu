@@ -21,12 +21,13 @@
 // stages guarded by mbarriers; the consumers meet once per tile, at the
 // barrier that publishes dS^T. With more items (key blocks) than SMs it is
 // persistent: one block per SM takes items from a work counter
-// (INFINICP_CUDA_WGBWD=blocks: a block per item). Its dQ columns go through shared memory to
-// bulk tensor reductions (whole lines, one thread issuing them), and so do
-// dK and dV where they are F32 sums added into (the CP layer's travelling
-// accumulators). The other kernel loads with cp.async, double-buffered, one
-// __syncthreads per tile, and adds dQ with per-thread vector reductions: for
-// tensors no tensor map describes, and as INFINICP_CUDA_WGMMA_WS=0.
+// (INFINICP_CUDA_WGBWD=blocks: a block per item). Its dQ columns go through
+// shared memory to bulk tensor reductions (whole lines, one thread issuing
+// them), and so do dK and dV where they are F32 sums added into (the CP
+// layer's travelling accumulators). The other kernel loads with cp.async,
+// double-buffered, one __syncthreads per tile, and adds dQ with per-thread
+// vector reductions: for tensors no tensor map describes, and as
+// INFINICP_CUDA_WGMMA_WS=0.
 //
 // Masking is branch-free (a per-row query limit and selects; see
 // bench/NOTES.md: ptxas waits for every wgmma group at a branch join), so the
