@@ -426,8 +426,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Ks = (smem_addr(smem) + 1023) & ~1023u, Vs = Ks + KB, Qs = Vs + KB, dOs = Qs + ST * QB,
                    dSs = dOs + ST * QB, dQs = dSs + 2 * SB, Ls = dQs + 4 * DQB, kvfull = Ls + ST * LB,
-                   kvempty = kvfull + 8, full = kvempty + 8, empty = full + 8 * ST, ifull = empty + 8 * ST,
-                   iempty = ifull + 16, islot = iempty + 16; // two item numbers, 8 bytes apart
+                   kvempty = kvfull + 8, full = kvempty + 8, empty = full + 8 * ST, ifull = empty + 8 * ST;
+    const item_queue iq = {ifull, ifull + 16, ifull + 32}; // full and empty barriers, slots: two each
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
 
@@ -435,26 +435,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         mbar_init(kvfull, 1), mbar_init(kvempty, 8); // 8 consumer warps release K and V
         for (int st = 0; st < ST; st++)
             mbar_init(full + 8 * st, 1), mbar_init(empty + 8 * st, 8); // and a stage
-        for (int sl = 0; sl < 2; sl++)
-            mbar_init(ifull + 8 * sl, 1), mbar_init(iempty + 8 * sl, 8);
+        iq.init();
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    // The items a block works on, in turn: with a counter, the next one not
-    // taken, else every gridDim.x-th. The loader takes them and passes each
-    // on through one of two shared slots.
-    auto take = [&](int k) -> int {
-        if (!counter) // (items + gridDim.x < 2^31: see launch)
-            return (int)blockIdx.x + k * (int)gridDim.x;
-        const int v = atomicAdd(counter, 1);
-        // every block takes one number past the last item; whoever takes the
-        // very last number leaves the counter at 0 for the next launch
-        if (v == items + (int)gridDim.x - 1)
-            atomicExch(counter, 0);
-        return v;
-    };
-
+    // The items a block works on, in turn: item_queue.
     if (wgi == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(LOADER_REGS) : "memory");
         if (threadIdx.x == 0) {
@@ -463,12 +449,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             uint32_t gt = 0; // query tiles loaded so far
             int nkv = 0;     // items whose K and V were loaded
             for (int k = 0;; k++) {
-                const int sl = k & 1;
-                if (k >= 2)
-                    mbar_wait(iempty + 8 * sl, (uint32_t)((k >> 1) + 1) & 1);
-                const int it = take(k);
-                st_shared_u32(islot + 8 * sl, (uint32_t)it);
-                mbar_arrive_warp(ifull + 8 * sl, 0);
+                const int it = iq.post(k, items, counter);
                 if (it >= items)
                     break;
                 const bwd_block w = bwd_item(p, it);
@@ -508,10 +489,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         int nkv = 0;     // items with K and V loaded so far
         bool staged = false; // the last bulk group read both dQ tiles (dK / dV staging)
         for (int k = 0;; k++) {
-            const int sl = k & 1;
-            mbar_wait(ifull + 8 * sl, (uint32_t)(k >> 1) & 1);
-            const int it = (int)ld_shared_u32(islot + 8 * sl);
-            mbar_arrive_warp(iempty + 8 * sl, lane);
+            const int it = iq.next(k, lane);
             if (it >= items)
                 break;
             const bwd_block w = bwd_item(p, it);

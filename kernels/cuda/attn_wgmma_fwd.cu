@@ -81,7 +81,7 @@ using wg_maps = wg::tmaps<3>;
 #ifdef CP_WGMMA_BODY
 
 using wg::fence_proxy_async;
-using wg::ld_shared_u32;
+using wg::item_queue;
 using wg::mbar_arrive_warp;
 using wg::mbar_expect_tx;
 using wg::mbar_init;
@@ -90,7 +90,6 @@ using wg::named_arrive;
 using wg::named_sync;
 using wg::reg_fence;
 using wg::sw128_at;
-using wg::st_shared_u32;
 using wg::sw_off;
 using wg::tma_tile;
 
@@ -263,8 +262,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
     const uint32_t qfull = Vs + VST * KB, qempty = qfull + 8, kfull = qempty + 8, kempty = kfull + 8 * KST,
-                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST, ifull = vempty + 8 * VST, iempty = ifull + 16,
-                   islot = iempty + 16; // two item numbers, 8 bytes apart
+                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST, ifull = vempty + 8 * VST;
+    const item_queue iq = {ifull, ifull + 16, ifull + 32}; // full and empty barriers, slots: two each
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
 
@@ -274,34 +273,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8); // and a stage
         for (int st = 0; st < VST; st++)
             mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
-        for (int st = 0; st < 2; st++)
-            mbar_init(ifull + 8 * st, 1), mbar_init(iempty + 8 * st, 8);
+        iq.init();
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    // The items a block works on, in turn: with a counter, the next one not
-    // taken (blocks that finish early take more: the causal row blocks,
-    // longest first, even out), else every gridDim.x-th. The loader takes
-    // them and passes each on through one of two shared slots.
-    auto take = [&](int k) -> int {
-        if (!counter) // (items + gridDim.x < 2^31: see launch)
-            return (int)blockIdx.x + k * (int)gridDim.x;
-        const int v = atomicAdd(counter, 1);
-        // every block takes one number past the last item; whoever takes the
-        // very last number leaves the counter at 0 for the next launch
-        if (v == items + (int)gridDim.x - 1)
-            atomicExch(counter, 0);
-        return v;
-    };
-    auto next_item = [&](int k) -> int { // consumers: item k of this block
-        const int sl = k & 1;
-        mbar_wait(ifull + 8 * sl, (uint32_t)(k >> 1) & 1);
-        const int it = (int)ld_shared_u32(islot + 8 * sl);
-        mbar_arrive_warp(iempty + 8 * sl, threadIdx.x & 31);
-        return it;
-    };
-
+    // The items a block works on, in turn (item_queue): with a counter, the
+    // next one not taken, so that blocks that finish early take more (the
+    // causal row blocks, longest first, even out).
     if (wgi == 0) {
         // the loader: one thread; K tile g (counted over the block's items)
         // waits for both consumers to have read tile g - KST from its stage,
@@ -310,12 +289,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
         if (threadIdx.x == 0) {
             int g = 0, nq = 0;
             for (int k = 0;; k++) {
-                const int sl = k & 1;
-                if (k >= 2)
-                    mbar_wait(iempty + 8 * sl, (uint32_t)((k >> 1) + 1) & 1);
-                const int it = take(k);
-                st_shared_u32(islot + 8 * sl, (uint32_t)it);
-                mbar_arrive_warp(ifull + 8 * sl, 0);
+                const int it = iq.post(k, items, counter);
                 if (it >= items)
                     break;
                 const fwd_block w = fwd_item<BQ, BK>(p, it);
@@ -346,7 +320,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
         const uint32_t qa = Qs + c * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
         int g0 = 0, nq = 0;                    // key tiles and Q tiles of the items before
         for (int k = 0;; k++) {
-            const int it = next_item(k);
+            const int it = iq.next(k, lane);
             if (it >= items)
                 break;
             const fwd_block w = fwd_item<BQ, BK>(p, it);

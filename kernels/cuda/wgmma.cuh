@@ -226,6 +226,50 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
                  : "memory");
 }
 
+// The work items of a persistent warp-specialised kernel: the loader takes
+// them (from a per-launch counter, or every gridDim.x-th without one) and
+// passes each on to the 8 consumer warps through one of two shared slots,
+// each with a full barrier (1 arrival) and an empty one (8). Item numbers
+// past the last (>= items) end the block's loop: every block takes one.
+struct item_queue {
+    uint32_t full, empty, slot; // two barriers and two slots each, 8 bytes apart
+
+    __device__ __forceinline__ void init() const
+    {
+        for (int sl = 0; sl < 2; sl++)
+            mbar_init(full + 8 * sl, 1), mbar_init(empty + 8 * sl, 8);
+    }
+    // The loader thread: take item k of this block and post it.
+    __device__ __forceinline__ int post(int k, int items, int *counter) const
+    {
+        const int sl = k & 1;
+        if (k >= 2)
+            mbar_wait(empty + 8 * sl, (uint32_t)((k >> 1) + 1) & 1);
+        int it;
+        if (!counter) { // (items + gridDim.x < 2^31: checked at launch)
+            it = (int)blockIdx.x + k * (int)gridDim.x;
+        } else {
+            it = atomicAdd(counter, 1);
+            // every block takes one number past the last item; whoever takes
+            // the very last number leaves the counter at 0 for the next launch
+            if (it == items + (int)gridDim.x - 1)
+                atomicExch(counter, 0);
+        }
+        st_shared_u32(slot + 8 * sl, (uint32_t)it);
+        mbar_arrive_warp(full + 8 * sl, 0);
+        return it;
+    }
+    // A consumer warp: item k of this block.
+    __device__ __forceinline__ int next(int k, int lane) const
+    {
+        const int sl = k & 1;
+        mbar_wait(full + 8 * sl, (uint32_t)(k >> 1) & 1);
+        const int it = (int)ld_shared_u32(slot + 8 * sl);
+        mbar_arrive_warp(empty + 8 * sl, lane);
+        return it;
+    }
+};
+
 // Named barrier id (0 is __syncthreads) over N threads: by default the 256
 // of both consumer warpgroups.
 template <int N = 256>
