@@ -366,6 +366,13 @@ __device__ __forceinline__ void bulk_wait_read(bool on)
                  : "memory");
 }
 
+// Until every bulk group of this thread is complete (its writes done).
+__device__ __forceinline__ void bulk_wait_all(bool on)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p cp.async.bulk.wait_group 0;\n}\n" ::"r"((int)on)
+                 : "memory");
+}
+
 // Byte offset of this thread's accumulator pair (8-column block nb, row
 // half r) in fp32 tiles of 32-column boxes, 64 rows x 128 bytes each, 16-byte
 // chunks swizzled by row & 7 (= g): the layout of the sum maps.
@@ -584,7 +591,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             store_dkdv_rows(p, adk, adv, b, w.hk, jrow0, 0, tq);
         }
         if constexpr (DQ_TMA)
-            bulk_wait_read<0>(leader); // shared memory stays until the reductions have read it
+            bulk_wait_all(leader); // the reductions read shared memory (and write) until they are done
     }
 #else
     (void)p, (void)mp, (void)epi, (void)items, (void)counter;
