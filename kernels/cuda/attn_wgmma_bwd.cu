@@ -604,7 +604,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, bool *epi)
 {
     using wg::make_map;
-    if (p.Sq > INT32_MAX || p.Sk > INT32_MAX || !p.dqa_vec)
+    // (the loader's 32-bit row walk goes up to Sq rounded up to whole tiles)
+    if (p.Sq > INT32_MAX - WB_BQ || p.Sk > INT32_MAX || !p.dqa_vec)
         return false;
     const bool ok = make_map(&mp.m[MQ], mp.pos[MQ], p.q, p.dt, p.Sq, p.H, p.B, p.D, WB_BQ) &&
                     make_map(&mp.m[MDO], mp.pos[MDO], p.dout, p.dt, p.Sq, p.H, p.B, p.Dv, WB_BQ) &&
