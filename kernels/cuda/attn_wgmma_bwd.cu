@@ -632,7 +632,7 @@ cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, int64_t i
     if (r != CP_SUCCESS)
         return r;
     const bool persist = s->wgbwd_persist && items > s->sm_count;
-    int *counter = persist ? s->sched + s->sched_next++ % SCHED_SLOTS : nullptr;
+    int *counter = persist ? take_sched(s) : nullptr;
     kernel<<<(unsigned)(persist ? s->sm_count : items), WS_THREADS, bytes, s->stream>>>(p, mp, (int)epi, (int)items,
                                                                                       counter);
     return check_launch(what);

@@ -33,7 +33,7 @@
 // tile apart: named barriers make them issue their products in turn
 // (ping-pong), one warpgroup's softmax running while the other's products
 // keep the tensor cores busy. setmaxnreg moves registers from the loader
-// (24) to the consumers (240). Its consumers mask only the tiles that reach
+// (24, at D = 64 40) to the consumers (240, at D = 64 224). Its consumers mask only the tiles that reach
 // past the keys or across the diagonal, and (for a positive scale) turn
 // scores into probabilities with one fused multiply-add each. It is
 // persistent: with more (row block, head, batch) items than SMs, one block
@@ -41,8 +41,7 @@
 // the next item's Q and first tiles while the consumers finish the last one
 // and merge its output, which hides a block's start and end (they weigh
 // 4-8x more on the short blocks of a CP ring step than in one long call).
-// The first
-// kernel (fwd_wgmma_kernel: every thread loads with cp.async, one
+// The first kernel (fwd_wgmma_kernel: every thread loads with cp.async, one
 // __syncthreads per tile) is kept for tensors a tensor map cannot describe
 // and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
 // Only sm_90a has wgmma; every other target compiles an empty kernel that
@@ -418,7 +417,7 @@ cp_status launch(state *s, const attn_params &p)
         // more items than SMs
         const int64_t items = (int64_t)grid.x * grid.y * grid.z;
         const bool persist = s->wgfwd_persist && items > s->sm_count;
-        int *counter = persist && s->wgfwd_persist == 1 ? s->sched + s->sched_next++ % SCHED_SLOTS : nullptr;
+        int *counter = persist && s->wgfwd_persist == 1 ? take_sched(s) : nullptr;
         kernel<<<(unsigned)(persist ? s->sm_count : items), WS_THREADS, bytes, s->stream>>>(p, mp, (int)items,
                                                                                           counter);
         return check_launch("attention forward (wgmma, warp-specialised)");

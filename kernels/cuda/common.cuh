@@ -69,6 +69,12 @@ struct state {
     unsigned sched_next;              // the slot the next launch takes
 };
 
+// The work counter of the next persistent launch (slots in turn: SCHED_SLOTS).
+inline int *take_sched(state *s)
+{
+    return s->sched + s->sched_next++ % SCHED_SLOTS;
+}
+
 // Make the state's device current on the calling thread.
 cp_status use_device(state *s);
 
