@@ -28,6 +28,13 @@ cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, voi
 cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes);
 cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
                        void *recv, size_t recv_bytes, int src);
+/* cpi_sendrecv, and where the transport can tell (the local one, in stream
+ * order) an event after which recv is complete on x's stream, before the
+ * call's own end (which also waits for the peer's reads of send); the
+ * caller destroys it. *arrived = NULL otherwise: then the end of the call
+ * is the first point known to have recv. */
+cp_status cpi_sendrecv_arrival(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
+                               void *recv, size_t recv_bytes, int src, void **arrived);
 cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
                          cp_dtype dtype, cp_reduce_op op);
 cp_status cpi_barrier(cp_comm *c, const cp_xfer *x);
