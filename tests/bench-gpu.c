@@ -12,6 +12,11 @@
  * impl,head_dim,seq,batch,heads,causal,fwd_tflops,bwd_tflops
  * with impl "infinicp" (the default backward, dQ added with atomics) and
  * "infinicp-det" (cp_context_config.deterministic = 1).
+ * With --csv, BENCH_SHAPES=D:S:causal[,...] keeps only the shapes it lists
+ * (e.g. 128:4096:0), and BENCH_RING=1 makes every call one of the CP ring's:
+ * the forward merges into an F32 running output (accumulate, as every ring
+ * step after the first), the backward adds into F32 dQ / dK / dV sums and
+ * reads rowsum(dO * O) stored by the warm-up call.
  */
 #include <math.h>
 #include <stdint.h>
@@ -84,6 +89,8 @@ static double time_call(void *st, int backward, cp_kernel_attn_args *a, int reps
         }
         if (r >= 0)
             t[r] = now() - t0;
+        if (backward && a->drow)
+            a->drow_ready = 1; /* later calls read what the warm-up stored */
     }
     qsort(t, (size_t)reps, sizeof t[0], cmp_double);
     return t[reps / 2];
@@ -91,6 +98,8 @@ static double time_call(void *st, int backward, cp_kernel_attn_args *a, int reps
 
 static int csv;      /* print CSV lines instead of the readable report */
 static int fwd_only; /* time the forward alone */
+static int ring;     /* BENCH_RING: the CP ring's F32 accumulating calls */
+static float *drow;  /* BENCH_RING: rowsum(dO * O), stored by the warm-up call */
 
 static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *q, void *k, void *v, void *o,
                 void *dout, void *dq, void *dk, void *dv, float *lse, int reps)
@@ -106,6 +115,11 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     a.softmax_scale = 1.0 / sqrt((double)sh->D);
     a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse, a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv;
     a.o_dtype = a.grad_dtype = dt;
+    if (ring) {
+        a.o_dtype = a.grad_dtype = CP_DTYPE_F32;
+        a.accumulate = a.grad_accumulate = 1;
+        a.drow = drow;
+    }
     size_t wf = 0, wb = 0;
     ops->attn_workspace_size(st, &a, 0, &wf);
     ops->attn_workspace_size(st, &a, 1, &wb);
@@ -113,7 +127,21 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     a.workspace = ws;
     a.workspace_bytes = wf > wb ? wf : wb;
     double flops = 4.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * sh->D * (sh->causal ? 0.5 : 1.0);
-    double tf = time_call(st, 0, &a, reps), tb = fwd_only ? INFINITY : time_call(st, 1, &a, reps);
+    if (ring) {
+        /* a first step writes the running output and LSE, which the timed
+         * calls then merge into */
+        a.accumulate = 0;
+        if (ops->attn_forward(st, &a) != CP_SUCCESS || ops->synchronize(st) != CP_SUCCESS) {
+            fprintf(stderr, "forward: %s\n", cp_last_error());
+            exit(1);
+        }
+        a.accumulate = 1;
+    }
+    double tf = time_call(st, 0, &a, reps), tb = INFINITY;
+    if (!fwd_only) {
+        a.o_dtype = dt; /* the backward reads the final output (storage type) */
+        tb = time_call(st, 1, &a, reps);
+    }
     if (csv) {
         printf("%s,%d,%lld,%d,%d,%d,%.2f,%.2f\n",
                !strcmp(path, "mma-det")    ? "infinicp-det"
@@ -132,6 +160,18 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
            2.5 * flops / tb * 1e-12);
     fflush(stdout);
     ops->free(st, ws);
+}
+
+/* Whether D:S:causal is one of the comma-separated entries of list. */
+static int listed(const char *list, int D, int64_t S, int causal)
+{
+    for (const char *e = list; e && *e; e = strchr(e, ',') ? strchr(e, ',') + 1 : NULL) {
+        int d, c;
+        long long s;
+        if (sscanf(e, "%d:%lld:%d", &d, &s, &c) == 3 && d == D && s == S && c == causal)
+            return 1;
+    }
+    return 0;
 }
 
 static void *open_path(const char *path)
@@ -184,16 +224,22 @@ int main(int argc, char **argv)
     const size_t n = (size_t)(csv ? 32768 : 16384) * 16 * 128;
     void *q = random_buffer(st, n, CP_DTYPE_BF16, 1), *k = random_buffer(st, n, CP_DTYPE_BF16, 2);
     void *v = random_buffer(st, n, CP_DTYPE_BF16, 3), *dout = random_buffer(st, n, CP_DTYPE_BF16, 4);
-    void *o = dev(st, n * 2), *dq = dev(st, n * 2), *dk = dev(st, n * 2), *dv = dev(st, n * 2);
+    /* room for F32 outputs and gradients (BENCH_RING) */
+    void *o = dev(st, n * 4), *dq = dev(st, n * 4), *dk = dev(st, n * 4), *dv = dev(st, n * 4);
     float *lse = dev(st, (size_t)32768 * 32 * 4);
     if (csv) {
         fwd_only = getenv("BENCH_FWD_ONLY") != NULL;
+        ring = getenv("BENCH_RING") && atoi(getenv("BENCH_RING"));
+        drow = ring ? dev(st, (size_t)32768 * 32 * 4) : NULL;
+        const char *only = getenv("BENCH_SHAPES");
         for (int D = 64; D <= 128; D *= 2)
             for (int64_t S = 1024; S <= 32768; S *= 2)
                 for (int causal = 0; causal < 2; causal++) {
                     const shape sh = { S < 16384 ? (int)(16384 / S) : 1, 2048 / D, D, S, causal };
+                    if (only && !listed(only, D, S, causal))
+                        continue;
                     run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
-                    if (fwd_only) /* BENCH_FWD_ONLY: the forward alone, bwd_tflops 0 */
+                    if (fwd_only || ring) /* BENCH_FWD_ONLY: the forward alone, bwd_tflops 0 */
                         continue;
                     run(det, "mma-det", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                     if (getenv("BENCH_MMA")) /* comparison: mma.sync kernels also on Hopper */
