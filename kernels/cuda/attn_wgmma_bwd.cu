@@ -318,6 +318,7 @@ enum { MQ, MK, MV, MDO, MLSE, MDROW, MDQ, MDK, MDV, NMAPS };
 using wb_maps = wg::tmaps<NMAPS>;
 
 constexpr int WS_THREADS = 384; // a loader warpgroup and the two consumers
+enum { EPI_ROWS, EPI_SUM, EPI_STORE }; // how the warp-specialised kernel's dK / dV leave
 constexpr int WS_STAGES = 2;    // Q / dO / LSE / rowsum stages
 
 // Bytes of dynamic shared memory: K, V, the Q / dO stages, two dS^T buffers,
@@ -347,6 +348,19 @@ __device__ __forceinline__ void tma_reduce_add(bool on, const wb_maps &mp, int t
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
                  "@p cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], "
                  "[%5];\n}\n" ::"l"(reinterpret_cast<uint64_t>(&mp.m[t])),
+                 "r"(col), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(src), "r"((int)on)
+                 : "memory");
+}
+
+// The same box at src stored into map t's tensor (16-bit dK / dV).
+__device__ __forceinline__ void tma_store(bool on, const wb_maps &mp, int t, uint32_t src, int col, int r, int hd,
+                                          int bt)
+{
+    int c[3];
+    wg::tma_coords(mp.pos[t], r, hd, bt, c);
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "@p cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n}\n" ::"l"(
+                     reinterpret_cast<uint64_t>(&mp.m[t])),
                  "r"(col), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(src), "r"((int)on)
                  : "memory");
 }
@@ -382,6 +396,14 @@ __device__ __forceinline__ uint32_t sum_off(int nb, int r, int warp, int g, int 
            (tq & 1) * 8;
 }
 
+// Byte offset of this thread's pair of 16-bit values (8-column block nb, row
+// half r) in 16-bit tiles of 64-column boxes, 64 rows x 128 bytes each,
+// 16-byte chunks swizzled by row & 7 (= g): the layout of make_map's maps.
+__device__ __forceinline__ uint32_t half_off(int nb, int r, int warp, int g, int tq)
+{
+    return (nb >> 3) * (64 * 128) + (warp * 16 + 8 * r + g) * 128 + (((nb & 7) ^ g) << 4) + tq * 4;
+}
+
 #endif // CP_WGMMA_BODY
 
 // The same computation with a loader warpgroup whose first thread issues
@@ -405,10 +427,13 @@ __device__ __forceinline__ uint32_t sum_off(int nb, int r, int warp, int g, int 
 // item are done: kvempty) and first query tiles while the consumers store
 // dK and dV, so that an item's start and end overlap its neighbour's work.
 //
-// epi (DQ_TMA only; F32 gradients added into, p.grad_accumulate): dK and dV
-// reach their sums through shared memory and bulk reductions too (each
-// consumer stages them, dK then dV, in its own two dQ tiles), instead of
-// loading the old values, adding and storing.
+// epi (DQ_TMA only): EPI_SUM (F32 gradients added into, p.grad_accumulate):
+// dK and dV reach their sums through shared memory and bulk reductions too
+// (each consumer stages them, dK then dV, in its own two dQ tiles), instead
+// of loading the old values, adding and storing. EPI_STORE (16-bit
+// gradients of the input's type, stored): each consumer converts dK and dV
+// into its two dQ tiles at once and stores them with bulk tensor copies,
+// instead of a 2-byte store per value from every thread (~14 us an item).
 //
 // DQ_TMA: each consumer writes its dQ columns (fp32) to one of two shared
 // tiles and its first thread adds the tile into p.dqa with bulk tensor
@@ -557,7 +582,35 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             }
             staged = false;
             if constexpr (DQ_TMA) {
-                if (epi) {
+                if (epi == EPI_STORE) {
+                    // dK in the first dQ tile, dV in the second (64 x DP 16-bit
+                    // values each, DP / 64 boxes), once the reductions of the
+                    // item's last two dQ tiles have read them
+                    static_assert(DQB == 64 * DP * 2, "dK and dV in the two dQ tiles");
+                    const uint32_t e = dQs + (uint32_t)(2 * c) * DQB;
+                    bulk_wait_read<0>(leader);
+                    named_sync<128>(2 + c); // the tiles are free
+#pragma unroll
+                    for (int nb = 0; nb < ND; nb++)
+#pragma unroll
+                        for (int r = 0; r < 2; r++) {
+                            const uint32_t o = half_off(nb, r, warp, g, tq);
+                            st_shared_u32(e + o, pack2<T>(adk[nb][2 * r], adk[nb][2 * r + 1]));
+                            st_shared_u32(e + DQB + o, pack2<T>(adv[nb][2 * r], adv[nb][2 * r + 1]));
+                        }
+                    fence_proxy_async();
+                    named_sync<128>(2 + c); // this consumer's rows are in
+#pragma unroll
+                    for (int bx = 0; bx < DP / 64; bx++) {
+                        tma_store(leader, mp, MDK, e + bx * (64 * 128), bx * 64, (int)(w.k0 + c * 64), w.hk, (int)b);
+                        tma_store(leader, mp, MDV, e + DQB + bx * (64 * 128), bx * 64, (int)(w.k0 + c * 64), w.hk,
+                                  (int)b);
+                    }
+                    bulk_commit(leader);
+                    staged = true;
+                    continue;
+                }
+                if (epi == EPI_SUM) {
                     // dK, then dV, of this consumer's 64 keys as fp32 32-column
                     // boxes in its two dQ tiles, once the reductions of the
                     // item's last two dQ tiles have read them
@@ -601,7 +654,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 // The maps of the warp-specialised kernel; false where one of its tensors has
 // none (the cp.async kernel runs then). *dq_tma: whether p.dqa has one too;
 // *epi: whether dK and dV are F32 sums with maps.
-bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, bool *epi)
+bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, int *epi)
 {
     using wg::make_map;
     // (the loader's 32-bit row walk goes up to Sq rounded up to whole tiles)
@@ -614,16 +667,22 @@ bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, bool *epi)
                     wg::make_row_map(&mp.m[MLSE], mp.pos[MLSE], p.lse, p.Sq, p.H, p.lsh, p.B, p.lsb, WB_BQ) &&
                     wg::make_row_map(&mp.m[MDROW], mp.pos[MDROW], p.drow, p.Sq, p.H, p.drh, p.B, p.drb, WB_BQ);
     *dq_tma = ok && wg::make_sum_map(&mp.m[MDQ], mp.pos[MDQ], p.dqa, p.Sq, p.H, p.B, p.dqa_cols, WB_BQ);
-    *epi = *dq_tma && p.grad_accumulate && p.gdt == CP_DTYPE_F32 &&
-           wg::make_sum_map(&mp.m[MDK], mp.pos[MDK], p.dk, p.Sk, p.Hkv, p.B, p.D, 64) &&
-           wg::make_sum_map(&mp.m[MDV], mp.pos[MDV], p.dv, p.Sk, p.Hkv, p.B, p.Dv, 64);
+    *epi = EPI_ROWS;
+    if (*dq_tma && p.grad_accumulate && p.gdt == CP_DTYPE_F32 &&
+        wg::make_sum_map(&mp.m[MDK], mp.pos[MDK], p.dk, p.Sk, p.Hkv, p.B, p.D, 64) &&
+        wg::make_sum_map(&mp.m[MDV], mp.pos[MDV], p.dv, p.Sk, p.Hkv, p.B, p.Dv, 64))
+        *epi = EPI_SUM;
+    else if (*dq_tma && !p.grad_accumulate && p.gdt == p.dt &&
+             make_map(&mp.m[MDK], mp.pos[MDK], p.dk, p.gdt, p.Sk, p.Hkv, p.B, p.D, 64) &&
+             make_map(&mp.m[MDV], mp.pos[MDV], p.dv, p.gdt, p.Sk, p.Hkv, p.B, p.Dv, 64))
+        *epi = EPI_STORE;
     return ok;
 }
 
 // One item a block, or (persistent) one block an SM when there are more
 // items than SMs.
 template <typename T, int DP, bool DQ_TMA>
-cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, int64_t items, bool epi)
+cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, int64_t items, int epi)
 {
     constexpr int bytes = wgbwd_ws_smem(DP, DQ_TMA);
     auto kernel = bwd_wgmma_ws_kernel<T, DP, DQ_TMA>;
@@ -644,12 +703,13 @@ cp_status launch(state *s, const attn_params &p)
     dim3 grid((unsigned)((p.Sk + WB_BK - 1) / WB_BK), (unsigned)p.Hkv, (unsigned)p.B);
     const int64_t items = (int64_t)grid.x * grid.y * grid.z;
     wb_maps mp;
-    bool dq_tma = false, epi = false;
+    bool dq_tma = false;
+    int epi = EPI_ROWS;
     if (!s->wgmma_cp && !s->wgbwd_early_dk && wgbwd_ws_smem(DP, false) <= s->smem_optin &&
         items + s->sm_count <= INT32_MAX && make_maps(mp, p, &dq_tma, &epi)) {
         if (dq_tma && !s->wgbwd_red && wgbwd_ws_smem(DP, true) <= s->smem_optin)
-            return launch_ws<T, DP, true>(s, p, mp, items, epi && !s->wgbwd_epi_ld);
-        return launch_ws<T, DP, false>(s, p, mp, items, false);
+            return launch_ws<T, DP, true>(s, p, mp, items, s->wgbwd_epi_ld ? EPI_ROWS : epi);
+        return launch_ws<T, DP, false>(s, p, mp, items, EPI_ROWS);
     }
     constexpr int bytes = wgbwd_smem(DP);
     auto kernel = s->wgbwd_early_dk || !p.dqa_vec ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;
