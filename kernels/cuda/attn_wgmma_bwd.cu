@@ -24,7 +24,8 @@
 // (INFINICP_CUDA_WGBWD=blocks: a block per item). Its dQ columns go through
 // shared memory to bulk tensor reductions (whole lines, one thread issuing
 // them), and so do dK and dV where they are F32 sums added into (the CP
-// layer's travelling accumulators). The other kernel loads with cp.async,
+// layer's travelling accumulators); 16-bit dK and dV that are stored go
+// through shared memory to bulk tensor stores. The other kernel loads with cp.async,
 // double-buffered, one __syncthreads per tile, and adds dQ with per-thread
 // vector reductions: for tensors no tensor map describes, and as
 // INFINICP_CUDA_WGMMA_WS=0.
