@@ -397,6 +397,23 @@ __device__ __forceinline__ uint32_t sum_off(int nb, int r, int warp, int g, int 
            (tq & 1) * 8;
 }
 
+// Once this consumer's earlier bulk groups have read its two dQ tiles:
+// write() fills them, and after the 128 threads' writes are visible to the
+// async proxy, issue() (predicated on the leader) sends them out as one bulk
+// group.
+template <typename W, typename I>
+__device__ __forceinline__ void stage_out(bool leader, int c, W write, I issue)
+{
+    using namespace wg;
+    bulk_wait_read<0>(leader);
+    named_sync<128>(2 + c); // the tiles are free
+    write();
+    fence_proxy_async();
+    named_sync<128>(2 + c); // this consumer's rows are in
+    issue();
+    bulk_commit(leader);
+}
+
 // Byte offset of this thread's pair of 16-bit values (8-column block nb, row
 // half r) in 16-bit tiles of 64-column boxes, 64 rows x 128 bytes each,
 // 16-byte chunks swizzled by row & 7 (= g): the layout of make_map's maps.
@@ -589,25 +606,26 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                     // item's last two dQ tiles have read them
                     static_assert(DQB == 64 * DP * 2, "dK and dV in the two dQ tiles");
                     const uint32_t e = dQs + (uint32_t)(2 * c) * DQB;
-                    bulk_wait_read<0>(leader);
-                    named_sync<128>(2 + c); // the tiles are free
+                    stage_out(
+                        leader, c,
+                        [&] {
 #pragma unroll
-                    for (int nb = 0; nb < ND; nb++)
+                            for (int nb = 0; nb < ND; nb++)
 #pragma unroll
-                        for (int r = 0; r < 2; r++) {
-                            const uint32_t o = half_off(nb, r, warp, g, tq);
-                            st_shared_u32(e + o, pack2<T>(adk[nb][2 * r], adk[nb][2 * r + 1]));
-                            st_shared_u32(e + DQB + o, pack2<T>(adv[nb][2 * r], adv[nb][2 * r + 1]));
-                        }
-                    fence_proxy_async();
-                    named_sync<128>(2 + c); // this consumer's rows are in
+                                for (int r = 0; r < 2; r++) {
+                                    const uint32_t o = half_off(nb, r, warp, g, tq);
+                                    st_shared_u32(e + o, pack2<T>(adk[nb][2 * r], adk[nb][2 * r + 1]));
+                                    st_shared_u32(e + DQB + o, pack2<T>(adv[nb][2 * r], adv[nb][2 * r + 1]));
+                                }
+                        },
+                        [&] {
+                            const int k0 = (int)(w.k0 + c * 64);
 #pragma unroll
-                    for (int bx = 0; bx < DP / 64; bx++) {
-                        tma_store(leader, mp, MDK, e + bx * (64 * 128), bx * 64, (int)(w.k0 + c * 64), w.hk, (int)b);
-                        tma_store(leader, mp, MDV, e + DQB + bx * (64 * 128), bx * 64, (int)(w.k0 + c * 64), w.hk,
-                                  (int)b);
-                    }
-                    bulk_commit(leader);
+                            for (int bx = 0; bx < DP / 64; bx++) {
+                                tma_store(leader, mp, MDK, e + bx * (64 * 128), bx * 64, k0, w.hk, (int)b);
+                                tma_store(leader, mp, MDV, e + DQB + bx * (64 * 128), bx * 64, k0, w.hk, (int)b);
+                            }
+                        });
                     staged = true;
                     continue;
                 }
@@ -621,22 +639,23 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                     const uint32_t e = dQs + (uint32_t)(2 * c) * DQB;
 #pragma unroll
                     for (int pass = 0; pass < 2; pass++) {
-                        bulk_wait_read<0>(leader);
-                        named_sync<128>(2 + c); // the tiles are free
+                        const float(&acc)[ND][4] = pass ? adv : adk;
+                        stage_out(
+                            leader, c,
+                            [&] {
 #pragma unroll
-                        for (int nb = 0; nb < ND; nb++)
+                                for (int nb = 0; nb < ND; nb++)
 #pragma unroll
-                            for (int r = 0; r < 2; r++) {
-                                const float(&acc)[ND][4] = pass ? adv : adk;
-                                st_shared_v2(e + sum_off(nb, r, warp, g, tq), acc[nb][2 * r], acc[nb][2 * r + 1]);
-                            }
-                        fence_proxy_async();
-                        named_sync<128>(2 + c); // this consumer's rows are in
+                                    for (int r = 0; r < 2; r++)
+                                        st_shared_v2(e + sum_off(nb, r, warp, g, tq), acc[nb][2 * r],
+                                                     acc[nb][2 * r + 1]);
+                            },
+                            [&] {
 #pragma unroll
-                        for (int bx = 0; bx < DP / 32; bx++)
-                            tma_reduce_add(leader, mp, pass ? MDV : MDK, e + bx * (BQ * 128), bx * 32,
-                                           (int)(w.k0 + c * 64), w.hk, (int)b);
-                        bulk_commit(leader);
+                                for (int bx = 0; bx < DP / 32; bx++)
+                                    tma_reduce_add(leader, mp, pass ? MDV : MDK, e + bx * (BQ * 128), bx * 32,
+                                                   (int)(w.k0 + c * 64), w.hk, (int)b);
+                            });
                     }
                     staged = true;
                     continue;
