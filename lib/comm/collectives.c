@@ -104,6 +104,11 @@ cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t se
     return cpi_sendrecv_arrival(c, x, send, send_bytes, dst, recv, recv_bytes, src, NULL);
 }
 
+bool cpi_sendrecv_has_arrival(const cp_comm *c)
+{
+    return c && c->ops == &cpi_local_transport;
+}
+
 cp_status cpi_sendrecv_arrival(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
                                void *recv, size_t recv_bytes, int src, void **arrived)
 {
