@@ -444,93 +444,6 @@ static void test_rings_host_sync(void **unused)
     run_rings(true, 400);
 }
 
-/* ---- sendrecv with an arrival event ------------------------------------------ */
-
-/*
- * cpi_sendrecv_arrival as the CP ring uses it: the exchange on stream 0, the
- * work that reads recv on stream 1 behind the arrival event only (not
- * behind the whole call), and every iteration garbage over send right away
- * on stream 0 and over recv on stream 0 once stream 1 has copied it. recv
- * must be complete at the event: the check copies see the peer's pattern,
- * never the garbage or the previous iteration.
- */
-typedef struct arrival_arg {
-    atomic_int wrong, errors, no_event;
-} arrival_arg;
-
-static void arrival_rank(int rank, int size, cp_comm *c, void *dev, void *p)
-{
-    arrival_arg *a = p;
-    const cp_backend_ops *b = fakeasync_ops();
-    cp_xfer x = { b, dev, LONG_TIMEOUT_MS };
-    const int dst = (rank + 1) % size, src = (rank + size - 1) % size;
-    unsigned char pat_host[RING_BYTES * RING_ITERS], got[RING_BYTES * RING_ITERS];
-    for (int it = 0; it < RING_ITERS; it++)
-        memset(pat_host + (size_t)it * RING_BYTES, pattern(rank, dst, it), RING_BYTES);
-    void *pat = must_alloc(b, dev, sizeof pat_host), *send = must_alloc(b, dev, RING_BYTES);
-    void *recv = must_alloc(b, dev, RING_BYTES), *check = must_alloc(b, dev, sizeof got);
-    void *evs[2 * RING_ITERS] = { NULL };
-    int nev = 0;
-    RING_CALL(a, b->copy_2d(dev, pat, sizeof pat_host, pat_host, sizeof pat_host, sizeof pat_host, 1,
-                            CP_COPY_HOST_TO_DEVICE));
-    for (int it = 0; it < RING_ITERS; it++) {
-        void *arrived = NULL, *checked = NULL;
-        RING_CALL(a, b->stream_select(dev, 0));
-        RING_CALL(a, b->copy_2d(dev, send, RING_BYTES, (char *)pat + (size_t)it * RING_BYTES, RING_BYTES, RING_BYTES,
-                                1, CP_COPY_DEVICE_TO_DEVICE));
-        RING_CALL(a, cpi_sendrecv_arrival(c, &x, send, RING_BYTES, dst, recv, RING_BYTES, src, &arrived));
-        if (!arrived) {
-            atomic_fetch_add(&a->no_event, 1);
-            break;
-        }
-        evs[nev++] = arrived;
-        RING_CALL(a, b->memset(dev, send, SEND_GARBAGE, RING_BYTES)); /* after the peer's read: the call's end */
-        RING_CALL(a, b->stream_select(dev, 1));
-        RING_CALL(a, b->event_wait(dev, arrived));
-        RING_CALL(a, b->copy_2d(dev, (char *)check + (size_t)it * RING_BYTES, RING_BYTES, recv, RING_BYTES,
-                                RING_BYTES, 1, CP_COPY_DEVICE_TO_DEVICE));
-        RING_CALL(a, b->event_create(dev, &checked));
-        evs[nev++] = checked;
-        RING_CALL(a, b->event_record(dev, checked));
-        RING_CALL(a, b->stream_select(dev, 0));
-        RING_CALL(a, b->event_wait(dev, checked));
-        RING_CALL(a, b->memset(dev, recv, RECV_GARBAGE, RING_BYTES));
-    }
-    RING_CALL(a, b->stream_select(dev, 0));
-    RING_CALL(a, b->synchronize(dev));
-    RING_CALL(a, b->copy_2d(dev, got, sizeof got, check, sizeof got, sizeof got, 1, CP_COPY_DEVICE_TO_HOST));
-    for (int it = 0; it < RING_ITERS && !atomic_load(&a->no_event); it++)
-        for (int i = 0; i < RING_BYTES; i++)
-            if (got[it * RING_BYTES + i] != pattern(src, rank, it)) {
-                if (atomic_fetch_add(&a->wrong, 1) < 4)
-                    fprintf(stderr, "rank %d, iteration %d: byte %d is 0x%02x, want 0x%02x\n", rank, it, i,
-                            got[it * RING_BYTES + i], pattern(src, rank, it));
-                break;
-            }
-    for (int i = 0; i < nev; i++)
-        b->event_destroy(dev, evs[i]);
-    b->free(dev, pat);
-    b->free(dev, send);
-    b->free(dev, recv);
-    b->free(dev, check);
-}
-
-static void test_sendrecv_arrival(void **unused)
-{
-    for (unsigned seed = 500; seed < 503; seed++) {
-        arrival_arg a = { 0, 0, 0 };
-        run_world(MAX_RANKS, false, seed, arrival_rank, &a);
-        assert_int_equal(atomic_load(&a.no_event), 0); /* stream order on fakeasync: an event each call */
-        assert_int_equal(atomic_load(&a.errors), 0);
-        assert_int_equal(atomic_load(&a.wrong), 0);
-    }
-    /* the host path has no event to give: recv is complete when the call returns */
-    arrival_arg h = { 0, 0, 0 };
-    run_world(MAX_RANKS, true, 510, arrival_rank, &h);
-    assert_int_equal(atomic_load(&h.no_event), MAX_RANKS);
-    assert_int_equal(atomic_load(&h.errors), 0);
-}
-
 /* ---- ranks that disagree on the ordering ---------------------------------------- */
 
 /* A second table with the same functions: another device backend to the
@@ -729,7 +642,6 @@ int main(void)
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_rings),
         cmocka_unit_test(test_rings_host_sync),
-        cmocka_unit_test(test_sendrecv_arrival),
         cmocka_unit_test(test_order_mismatch),
         cmocka_unit_test(test_stalled_rank),
     };

@@ -14,9 +14,8 @@
  * step s+1's keys and values travel while step s computes, and the host never
  * waits inside the ring. One compute stream is enough: the kernel merges
  * each block into the running result itself (accumulate mode), so the blocks
- * of a row are a chain whatever stream runs them. A step waits for the
- * buffers it receives, not for the whole exchange (see shift()).
- * Backends without streams run the same steps in order.
+ * of a row are a chain whatever stream runs them. Backends without streams
+ * run the same steps in order.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -49,21 +48,15 @@ static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tenso
 }
 
 /* Streams and events of the overlap; every call is a no-op on a backend
- * without them. Each travelling tensor has a comm stream of its own: the end
- * of a shift waits until the next member has read what was sent (the guard
- * for the next receive into that buffer, which comes on the same stream), and
- * on a shared stream that wait also held back the other tensors' shifts. */
-enum { STREAM_MAIN = 0, STREAM_COMPUTE = 1, STREAM_K = 2, STREAM_V = 3, STREAM_DK = 4, STREAM_DV = 5, NSTREAMS = 6 };
+ * without them. */
+enum { STREAM_MAIN = 0, STREAM_COMM = 1, STREAM_COMPUTE = 2 };
 
 typedef struct ring_streams {
     const cp_backend_ops *ops;
     void *st;
     int on;
-    int nstreams; /* streams 1 .. nstreams - 1 are used */
-    void **ev;    /* every event created, destroyed at the end */
+    void **ev; /* every event created, destroyed at the end */
     int nev, cap;
-    int arrival; /* wait for received buffers only (INFINICP_RING_ARRIVAL=0: for the whole shift) */
-    int k, v, dk, dv; /* the comm stream of each travelling tensor */
 } ring_streams;
 
 static cp_status rs_select(ring_streams *rs, int stream)
@@ -89,33 +82,22 @@ static cp_status rs_wait(ring_streams *rs, void *ev)
     return rs->on && ev ? rs->ops->event_wait(rs->st, ev) : CP_SUCCESS;
 }
 
-/* Start: the comm and compute streams wait for what stream 0 holds. Each
- * tensor travels on a stream of its own where the transport tells when a
- * receive is complete; otherwise (a transport whose calls must run in one
- * order, INFINICP_RING_ARRIVAL=0) all on one comm stream. */
+/* Start: the comm and compute streams wait for what stream 0 holds. */
 static cp_status rs_begin(cp_attn_plan *p, ring_streams *rs, int events)
 {
     const cp_backend_ops *o = p->ctx->ops;
-    const char *arr = getenv("INFINICP_RING_ARRIVAL");
-    const int arrival = (!arr || strcmp(arr, "0") != 0) && cpi_sendrecv_has_arrival(p->ring_comm);
-    *rs = (ring_streams){ .ops = o, .st = p->ctx->state, .arrival = arrival };
-    rs->nstreams = arrival ? NSTREAMS : STREAM_K + 1;
-    rs->k = STREAM_K;
-    rs->v = arrival ? STREAM_V : STREAM_K;
-    rs->dk = arrival ? STREAM_DK : STREAM_K;
-    rs->dv = arrival ? STREAM_DV : STREAM_K;
+    *rs = (ring_streams){ o, p->ctx->state, 0, NULL, 0, 0 };
     rs->on = p->R > 1 && CP_BACKEND_HAS(o, stream_select) && CP_BACKEND_HAS(o, event_create) &&
              CP_BACKEND_HAS(o, event_destroy) && CP_BACKEND_HAS(o, event_record) && CP_BACKEND_HAS(o, event_wait);
     if (!rs->on)
         return CP_SUCCESS;
-    const int nstreams = rs->nstreams;
-    rs->cap = events + nstreams;
+    rs->cap = events + 1;
     rs->ev = cpi_calloc((size_t)rs->cap, sizeof *rs->ev);
     if (!rs->ev)
         return CP_ERROR_OUT_OF_MEMORY;
     void *start;
     CPI_TRY(rs_mark(rs, &start));
-    for (int sidx = 1; sidx < nstreams; sidx++) {
+    for (int sidx = STREAM_COMM; sidx <= STREAM_COMPUTE; sidx++) {
         CPI_TRY(rs_select(rs, sidx));
         CPI_TRY(rs_wait(rs, start));
     }
@@ -128,14 +110,14 @@ static cp_status rs_end(ring_streams *rs, cp_status s)
 {
     if (!rs->on)
         return s;
-    void *last[NSTREAMS] = { NULL };
-    for (int i = 1; i < rs->nstreams && s == CP_SUCCESS; i++) {
-        s = rs_select(rs, i);
+    void *last[2] = { NULL, NULL };
+    for (int i = 0; i < 2 && s == CP_SUCCESS; i++) {
+        s = rs_select(rs, i ? STREAM_COMPUTE : STREAM_COMM);
         if (s == CP_SUCCESS)
             s = rs_mark(rs, &last[i]);
     }
     cp_status t = rs_select(rs, STREAM_MAIN);
-    for (int i = 1; i < rs->nstreams && s == CP_SUCCESS; i++)
+    for (int i = 0; i < 2 && s == CP_SUCCESS; i++)
         s = rs_wait(rs, last[i]);
     for (int i = 0; i < rs->nev; i++)
         rs->ops->event_destroy(rs->st, rs->ev[i]);
@@ -148,37 +130,13 @@ static int ring_rank(const cp_attn_plan *p)
     return p->ring_rank;
 }
 
-/*
- * Pass `t` to the next member and receive the previous member's into `into`,
- * on comm stream `stream` once `after` (an event or NULL) is reached; *here
- * is what work that reads `into` waits for. Where the transport tells when
- * the receive is complete (the local one: right after its copy) that is
- * enough; the end of the shift, which also waits until the next member has
- * read what was sent, tied each member's step to its successor's previous
- * one (on one GPU the accumulators' copies then ran with no kernel beside
- * them). Otherwise, the end of the shift.
- */
-static cp_status shift(cp_attn_plan *p, ring_streams *rs, int stream, void *after, const cpi_tensor *t,
-                       const cpi_tensor *into, void **here)
+/* Pass `t` to the next member and receive the previous member's into `into`. */
+static cp_status shift(cp_attn_plan *p, const cpi_tensor *t, const cpi_tensor *into)
 {
     const int m = ring_rank(p), R = p->R;
     cp_xfer x = cpi_group_xfer(p->g);
     size_t bytes = cpi_tensor_bytes(p, t);
-    *here = NULL;
-    CPI_TRY(rs_select(rs, stream));
-    CPI_TRY(rs_wait(rs, after));
-    void *ev = NULL;
-    cp_status s = cpi_sendrecv_arrival(p->ring_comm, &x, t->p, bytes, (m + 1) % R, into->p, bytes, (m + R - 1) % R,
-                                       rs->on && rs->arrival ? &ev : NULL);
-    if (ev && rs->nev == rs->cap) {
-        rs->ops->event_destroy(rs->st, ev);
-        return s != CP_SUCCESS ? s : cpi_error(CP_ERROR_INTERNAL, "ring: more events than planned (%d)", rs->cap);
-    }
-    if (ev)
-        rs->ev[rs->nev++] = *here = ev; /* destroyed by rs_end */
-    if (s != CP_SUCCESS || ev)
-        return s;
-    return rs_mark(rs, here);
+    return cpi_sendrecv(p->ring_comm, &x, t->p, bytes, (m + 1) % R, into->p, bytes, (m + R - 1) % R);
 }
 
 cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
@@ -191,23 +149,23 @@ cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tenso
 
     const int m = ring_rank(p), R = p->R;
     ring_streams rs;
-    cp_status s = rs_begin(p, &rs, 3 * R);
+    cp_status s = rs_begin(p, &rs, 2 * R + 2);
     const cpi_tensor *ck = k, *cv = v;
-    void *k_here = NULL, *v_here = NULL, *done = NULL, *done_before = NULL;
+    void *arrived = NULL, *done = NULL, *done_before = NULL;
     for (int step = 0; step < R && s == CP_SUCCESS; step++) {
         const int src = (m - step + R) % R;
         cpi_block_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[m], .tk = &p->sub[src],
                             .o32 = o32, .lse = lse, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
         /* compute this step once its keys and values are here */
-        if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, k_here)) || (s = rs_wait(&rs, v_here)) ||
-            (s = cpi_attend(p, &io, 0)) || (s = rs_mark(&rs, &done)))
+        if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, arrived)) || (s = cpi_attend(p, &io, 0)) ||
+            (s = rs_mark(&rs, &done)))
             break;
         if (step + 1 < R) {
             /* meanwhile fetch the next; the buffer it lands in was read by
              * the previous step's compute */
             const int nx = step & 1;
-            if ((s = shift(p, &rs, rs.k, done_before, ck, &b.k[nx], &k_here)) ||
-                (s = shift(p, &rs, rs.v, done_before, cv, &b.v[nx], &v_here)))
+            if ((s = rs_select(&rs, STREAM_COMM)) || (s = rs_wait(&rs, done_before)) ||
+                (s = shift(p, ck, &b.k[nx])) || (s = shift(p, cv, &b.v[nx])) || (s = rs_mark(&rs, &arrived)))
                 break;
             ck = &b.k[nx];
             cv = &b.v[nx];
@@ -243,24 +201,25 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
     CPI_TRY(cpi_zero(p, cdv));
     memset(p->drow_ready, 0, (size_t)p->sub[m].n);
     ring_streams rs;
-    cp_status s = rs_begin(p, &rs, 5 * R);
-    void *k_here = NULL, *v_here = NULL, *dk_here = NULL, *dv_here = NULL, *done = NULL, *done_before = NULL;
+    cp_status s = rs_begin(p, &rs, 3 * R + 2);
+    void *kv_here = NULL, *acc_here = NULL, *done = NULL, *done_before = NULL;
     for (int step = 0; step < R && s == CP_SUCCESS; step++) {
         const int src = (m - step + R) % R;
         cpi_block_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[m], .tk = &p->sub[src], .lse = lse,
                             .o = o, .dout = dout, .dq32 = dq32, .dk32 = cdk, .dv32 = cdv, .drow = drow,
                             .drow_ready = p->drow_ready, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
-        if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, k_here)) || (s = rs_wait(&rs, v_here)) ||
-            (s = rs_wait(&rs, dk_here)) || (s = rs_wait(&rs, dv_here)) || (s = cpi_attend(p, &io, 1)) ||
-            (s = rs_mark(&rs, &done)))
+        if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, kv_here)) || (s = rs_wait(&rs, acc_here)) ||
+            (s = cpi_attend(p, &io, 1)) || (s = rs_mark(&rs, &done)))
             break;
         if (R == 1)
+            break;
+        if ((s = rs_select(&rs, STREAM_COMM)))
             break;
         if (step + 1 < R) {
             /* the next keys and values travel while this step computes */
             const int nx = step & 1;
-            if ((s = shift(p, &rs, rs.k, done_before, ck, &b.k[nx], &k_here)) ||
-                (s = shift(p, &rs, rs.v, done_before, cv, &b.v[nx], &v_here)))
+            if ((s = rs_wait(&rs, done_before)) || (s = shift(p, ck, &b.k[nx])) || (s = shift(p, cv, &b.v[nx])) ||
+                (s = rs_mark(&rs, &kv_here)))
                 break;
             ck = &b.k[nx];
             cv = &b.v[nx];
@@ -269,7 +228,8 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
          * it; the incoming one holds the sums of the members it visited (on
          * the last hop: every accumulator arrives home, in dk32 / dv32) */
         const cpi_tensor *ndk = cdk == dk32 ? &b.dk : dk32, *ndv = cdv == dv32 ? &b.dv : dv32;
-        if ((s = shift(p, &rs, rs.dk, done, cdk, ndk, &dk_here)) || (s = shift(p, &rs, rs.dv, done, cdv, ndv, &dv_here)))
+        if ((s = rs_wait(&rs, done)) || (s = shift(p, cdk, ndk)) || (s = shift(p, cdv, ndv)) ||
+            (s = rs_mark(&rs, &acc_here)))
             break;
         cdk = ndk;
         cdv = ndv;

@@ -101,20 +101,7 @@ cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *r
 cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
                        void *recv, size_t recv_bytes, int src)
 {
-    return cpi_sendrecv_arrival(c, x, send, send_bytes, dst, recv, recv_bytes, src, NULL);
-}
-
-bool cpi_sendrecv_has_arrival(const cp_comm *c)
-{
-    return c && c->ops == &cpi_local_transport;
-}
-
-cp_status cpi_sendrecv_arrival(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
-                               void *recv, size_t recv_bytes, int src, void **arrived)
-{
     static const char name[] = "sendrecv";
-    if (arrived)
-        *arrived = NULL;
     CPI_TRY(check_comm(name, c, x));
     CPI_CHECK(dst >= 0 && dst < c->size, "%s: dst = %d (must be in [0, %d))", name, dst, c->size);
     CPI_CHECK(src >= 0 && src < c->size, "%s: src = %d (must be in [0, %d))", name, src, c->size);
@@ -123,8 +110,6 @@ cp_status cpi_sendrecv_arrival(cp_comm *c, const cp_xfer *x, const void *send, s
     CPI_CHECK(!overlap(send, send_bytes, recv, recv_bytes), "%s: send %p (%zu bytes) and recv %p (%zu bytes) overlap",
               name, send, send_bytes, recv, recv_bytes);
     cp_xfer r = cpi_xfer_resolve(x);
-    if (arrived && c->ops == &cpi_local_transport)
-        return cpi_local_sendrecv(c->impl, &r, send, send_bytes, dst, recv, recv_bytes, src, arrived);
     return c->ops->sendrecv(c->impl, &r, send, send_bytes, dst, recv, recv_bytes, src);
 }
 

@@ -25,15 +25,6 @@ cp_xfer cpi_xfer_resolve(const cp_xfer *x);
 /* The built-in in-process transport (local.c). */
 extern const cp_transport_ops cpi_local_transport;
 
-/* The local transport's sendrecv; with arrived, and when the call goes in
- * stream order, also an event (the caller's to destroy) recorded on x's
- * stream right after recv is filled: work that only needs recv can wait for
- * it instead of for the whole call, whose end also waits until the peer has
- * read send (a guard for the next write to send). *arrived is NULL
- * otherwise. */
-cp_status cpi_local_sendrecv(void *impl, const cp_xfer *x, const void *send, size_t send_bytes, int dst, void *recv,
-                             size_t recv_bytes, int src, void **arrived);
-
 /* Default wait for peers where no group supplies one (CP_GROUP_CONFIG_INIT). */
 #define CPI_DEFAULT_TIMEOUT_MS 300000
 

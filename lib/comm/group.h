@@ -28,17 +28,6 @@ cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, voi
 cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes);
 cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
                        void *recv, size_t recv_bytes, int src);
-/* cpi_sendrecv, and where the transport can tell (the local one, in stream
- * order) an event after which recv is complete on x's stream, before the
- * call's own end (which also waits for the peer's reads of send); the
- * caller destroys it. *arrived = NULL otherwise: then the end of the call
- * is the first point known to have recv. */
-/* Whether cpi_sendrecv_arrival can give events on c (the local transport;
- * still only for calls in stream order). Its calls may then also be queued
- * on several streams: nothing ties one call's execution to another's. */
-bool cpi_sendrecv_has_arrival(const cp_comm *c);
-cp_status cpi_sendrecv_arrival(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
-                               void *recv, size_t recv_bytes, int src, void **arrived);
 cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
                          cp_dtype dtype, cp_reduce_op op);
 cp_status cpi_barrier(cp_comm *c, const cp_xfer *x);

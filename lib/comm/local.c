@@ -430,8 +430,8 @@ static cp_status local_all_to_all(void *impl, const cp_xfer *xin, const void *se
     return leave(c, &x, s);
 }
 
-cp_status cpi_local_sendrecv(void *impl, const cp_xfer *xin, const void *send, size_t send_bytes, int dst, void *recv,
-                             size_t recv_bytes, int src, void **arrived)
+static cp_status local_sendrecv(void *impl, const cp_xfer *xin, const void *send, size_t send_bytes, int dst,
+                                void *recv, size_t recv_bytes, int src)
 {
     local_comm *c = impl;
     cp_xfer x = cpi_xfer_resolve(xin);
@@ -439,23 +439,11 @@ cp_status cpi_local_sendrecv(void *impl, const cp_xfer *xin, const void *send, s
     call.a = dst;
     call.b = src;
     call.recv = recv_bytes;
-    if (arrived)
-        *arrived = NULL;
     CPI_TRY(enter(c, &x, call, send, x.timeout_ms, true));
     cp_status s = reading(c, src);
     if (s == CP_SUCCESS)
         s = copy(&x, recv, c->w->sends[src], recv_bytes);
-    /* recv is complete here, in stream order; what leave() adds (waiting
-     * for the reads of send) only guards the next write to send */
-    if (s == CP_SUCCESS && arrived && c->ordered)
-        s = mark(&x, arrived);
     return leave(c, &x, s);
-}
-
-static cp_status local_sendrecv(void *impl, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
-                                void *recv, size_t recv_bytes, int src)
-{
-    return cpi_local_sendrecv(impl, x, send, send_bytes, dst, recv, recv_bytes, src, NULL);
 }
 
 static cp_status local_barrier(void *impl, const cp_xfer *xin)
