@@ -43,6 +43,10 @@ typedef struct run_result {
     /* per repetition: the first rank's start of the forward and the last
      * rank's end of the backward (host clock) */
     double start_s[MAX_REPS], end_s[MAX_REPS];
+    /* per repetition, the slowest rank: from the call to its return (the
+     * host's time to queue the work; on a device backend the call returns
+     * before the work is done) */
+    double fwd_host_s[MAX_REPS], bwd_host_s[MAX_REPS];
     size_t ws_bytes;
     size_t peak_bytes; /* --memory: device bytes the ranks held at most, all ranks together */
     cp_status status;
@@ -231,9 +235,11 @@ static void *rank_main(void *arg)
             atomic_store(&sh->sampling, 1);
         double t0 = now();
         TRY(cp_attn_forward(plan, t[0], t[1], t[2], t[4], t[8], ws, wf));
+        double t0q = now();
         TRY(cp_context_synchronize(ctx));
         double t1 = now();
         TRY(cp_attn_backward(plan, t[0], t[1], t[2], t[4], t[8], t[3], t[5], t[6], t[7], ws, wb));
+        double t1q = now();
         TRY(cp_context_synchronize(ctx));
         double t2 = now();
         if (rep < 0)
@@ -242,6 +248,8 @@ static void *rank_main(void *arg)
         run_result *res = a->res;
         res->fwd_s[rep] = fmax(res->fwd_s[rep], t1 - t0);
         res->bwd_s[rep] = fmax(res->bwd_s[rep], t2 - t1);
+        res->fwd_host_s[rep] = fmax(res->fwd_host_s[rep], t0q - t0);
+        res->bwd_host_s[rep] = fmax(res->bwd_host_s[rep], t1q - t1);
         res->start_s[rep] = res->end_s[rep] == 0 ? t0 : fmin(res->start_s[rep], t0);
         res->end_s[rep] = fmax(res->end_s[rep], t2);
         pthread_mutex_unlock(&sh->lock);
@@ -415,6 +423,14 @@ static double p2p_min_bytes(const bench_opts *c, int P)
 }
 
 /* --memory columns: peak per rank, the analytical minimum (p2p only), their ratio. */
+/* CUDA: the host's share, median over the repetitions of the slowest
+ * rank's time to queue the forward and the backward. */
+static void print_host(const bench_opts *c, const run_result *rr)
+{
+    if (c->cuda)
+        printf("  %8.2f %8.2f", 1e3 * median(rr->fwd_host_s, c->reps), 1e3 * median(rr->bwd_host_s, c->reps));
+}
+
 static void print_memory(const bench_opts *c, const run_result *rr, int P, int p2p)
 {
     if (!c->memory)
@@ -493,9 +509,12 @@ int bench_demo(const bench_opts *o)
                "ws/rank");
         if (c.memory)
             printf("  %9s %9s %6s", "peak MiB", "min MiB", "x min");
+        if (c.cuda)
+            printf("  %8s %8s", "host fwd", "host bwd");
         printf("\n%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %9.2f %7.3f %7.3f  %7.2f MiB", "(single)", "-", 1,
                "-", "-", "-", "-", "-", 1e3 * f, 1e3 * b, 1e3 * one_s, 1.0, 1.0, (double)rr->ws_bytes / 1048576.0);
         print_memory(&c, rr, 1, 1);
+        print_host(&c, rr);
         printf("\n");
     }
     /* F32 differs from CP=1 only by fp32 rounding order; 16-bit types by
@@ -543,6 +562,7 @@ int bench_demo(const bench_opts *o)
                    fact, errs, 1e3 * f, 1e3 * b, 1e3 * st, st / one_s, (f + b) / one_fb,
                    (double)rr->ws_bytes / 1048576.0);
             print_memory(&c, rr, c.cp, mode == CP_MODE_P2P);
+            print_host(&c, rr);
             printf("%s\n", ok ? "" : "  MISMATCH");
             fflush(stdout);
         }
@@ -565,6 +585,9 @@ int bench_demo(const bench_opts *o)
                "end it one after another) counts in both phases; (single) again: the single-rank run\n"
                "repeated after the others, its ratios to the first (drift of the device's speed)\n",
                c.reps);
+        if (c.cuda)
+            printf("host fwd/bwd (ms): how long the slowest rank's call took to return, i.e. to queue its\n"
+                   "work on the device (median); near fwd/bwd, the host is what the device waits for\n");
         if (c.memory)
             printf("peak: device memory in use (cudaMemGetInfo, sampled every 50 us while the ranks run)\n"
                    "above what the device held before they started, over the ranks sharing it; min: the\n"
