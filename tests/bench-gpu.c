@@ -239,7 +239,8 @@ int main(int argc, char **argv)
                     if (only && !listed(only, D, S, causal))
                         continue;
                     run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
-                    if (fwd_only || ring) /* BENCH_FWD_ONLY: the forward alone, bwd_tflops 0 */
+                    /* BENCH_FWD_ONLY: the forward alone (bwd_tflops 0); BENCH_RING: the default kernels only */
+                    if (fwd_only || ring)
                         continue;
                     run(det, "mma-det", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
                     if (getenv("BENCH_MMA")) /* comparison: mma.sync kernels also on Hopper */

@@ -422,7 +422,6 @@ static double p2p_min_bytes(const bench_opts *c, int P)
     return b;
 }
 
-/* --memory columns: peak per rank, the analytical minimum (p2p only), their ratio. */
 /* CUDA: the host's share, median over the repetitions of the slowest
  * rank's time to queue the forward and the backward. */
 static void print_host(const bench_opts *c, const run_result *rr)
@@ -431,6 +430,7 @@ static void print_host(const bench_opts *c, const run_result *rr)
         printf("  %8.2f %8.2f", 1e3 * median(rr->fwd_host_s, c->reps), 1e3 * median(rr->bwd_host_s, c->reps));
 }
 
+/* --memory columns: peak per rank, the analytical minimum (p2p only), their ratio. */
 static void print_memory(const bench_opts *c, const run_result *rr, int P, int p2p)
 {
     if (!c->memory)
