@@ -25,9 +25,9 @@
 // shared memory to bulk tensor reductions (whole lines, one thread issuing
 // them), and so do dK and dV where they are F32 sums added into (the CP
 // layer's travelling accumulators); 16-bit dK and dV that are stored go
-// through shared memory to bulk tensor stores. The other kernel loads with cp.async,
-// double-buffered, one __syncthreads per tile, and adds dQ with per-thread
-// vector reductions: for tensors no tensor map describes, and as
+// through shared memory to bulk tensor stores. The other kernel loads with
+// cp.async, double-buffered, one __syncthreads per tile, and adds dQ with
+// per-thread vector reductions: for tensors no tensor map describes, and as
 // INFINICP_CUDA_WGMMA_WS=0.
 //
 // Masking is branch-free (a per-row query limit and selects; see
@@ -673,7 +673,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 
 // The maps of the warp-specialised kernel; false where one of its tensors has
 // none (the cp.async kernel runs then). *dq_tma: whether p.dqa has one too;
-// *epi: whether dK and dV are F32 sums with maps.
+// *epi: how dK and dV leave (EPI_SUM: F32 sums with maps, EPI_STORE: stored
+// in the input's 16-bit type with maps, EPI_ROWS: per-thread stores).
 bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, int *epi)
 {
     using wg::make_map;

@@ -33,14 +33,15 @@
 // tile apart: named barriers make them issue their products in turn
 // (ping-pong), one warpgroup's softmax running while the other's products
 // keep the tensor cores busy. setmaxnreg moves registers from the loader
-// (24, at D = 64 40) to the consumers (240, at D = 64 224). Its consumers mask only the tiles that reach
-// past the keys or across the diagonal, and (for a positive scale) turn
-// scores into probabilities with one fused multiply-add each. It is
-// persistent: with more (row block, head, batch) items than SMs, one block
-// per SM takes items from a per-launch work counter, and its loader fetches
-// the next item's Q and first tiles while the consumers finish the last one
-// and merge its output, which hides a block's start and end (they weigh
-// 4-8x more on the short blocks of a CP ring step than in one long call).
+// (24; 40 at D = 64) to the consumers (240; 224 at D = 64). Its consumers
+// mask only the tiles that reach past the keys or across the diagonal, and
+// (for a positive scale) turn scores into probabilities with one fused
+// multiply-add each. It is persistent: with more (row block, head, batch)
+// items than SMs, one block per SM takes items from a per-launch work
+// counter, and its loader fetches the next item's Q and first tiles while the
+// consumers finish the last one and merge its output, which hides a block's
+// start and end (they weigh 4-8x more on the short blocks of a CP ring step
+// than in one long call).
 // The first kernel (fwd_wgmma_kernel: every thread loads with cp.async, one
 // __syncthreads per tile) is kept for tensors a tensor map cannot describe
 // and as INFINICP_CUDA_WGMMA_WS=0 (tuning).

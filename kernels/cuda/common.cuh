@@ -60,7 +60,7 @@ struct state {
     int wgmma_cp;                     // wgmma kernels: 1 = the cp.async ones, not the TMA ones (tuning)
     int wgbwd_early_dk;               // wgmma backward: the old product order (tuning; attn_wgmma_bwd.cu)
     int wgbwd_red;                    // wgmma backward: dQ by vector reductions, not bulk ones (tuning)
-    int wgbwd_epi_ld;                 // wgmma backward: F32 dK, dV added by load-add-store (tuning)
+    int wgbwd_epi_ld;                 // wgmma backward: dK, dV by per-thread stores / load-add-stores (tuning)
     int wgfwd_mask_all;               // wgmma forward: every tile masked, no fused scaling (tuning)
     int copy_engine_only;             // every device copy on the copy engines (tuning; module.cu)
     int wgfwd_persist;                // wgmma forward: 1 persistent, items from a counter; 2 static; 0 not (tuning)
