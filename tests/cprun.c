@@ -82,13 +82,21 @@ cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, cons
     for (int i = 0; i < 5 && s == CP_SUCCESS; i++)
         if (i != 3)
             s = to_dev(ctx, b[i], h[i], bytes[i]);
+    /* The workspace holds all-ones bytes (NaN in every float type) before
+     * each call: a result that reads a byte no step wrote comes out NaN. */
     if (s == CP_SUCCESS) {
         *what = "cp_attn_forward";
-        s = cp_attn_forward(p, b[0], b[1], b[2], b[3], b[8], ws, wf);
+        if (ws && wf)
+            s = ctx->ops->memset(ctx->state, ws, 0xff, wf);
+        if (s == CP_SUCCESS)
+            s = cp_attn_forward(p, b[0], b[1], b[2], b[3], b[8], ws, wf);
     }
     if (s == CP_SUCCESS) {
         *what = "cp_attn_backward";
-        s = cp_attn_backward(p, b[0], b[1], b[2], b[3], b[8], b[4], b[5], b[6], b[7], ws, wb);
+        if (ws && wb)
+            s = ctx->ops->memset(ctx->state, ws, 0xff, wb);
+        if (s == CP_SUCCESS)
+            s = cp_attn_backward(p, b[0], b[1], b[2], b[3], b[8], b[4], b[5], b[6], b[7], ws, wb);
     }
     *what = s == CP_SUCCESS ? "copy to the host" : *what;
     for (int i = 3; i < 9 && s == CP_SUCCESS; i++)
