@@ -66,6 +66,7 @@ static cp_status f_all_to_all(void *impl, const cp_xfer *x, const void *send, vo
 static cp_status f_sendrecv(void *impl, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
                             void *recv, size_t recv_bytes, int src)
 {
+    atomic_fetch_add(&((faulty *)impl)->plan->sendrecv_bytes, (long long)send_bytes);
     PASS("sendrecv", sendrecv(f_->inner->impl, x, send, send_bytes, dst, recv, recv_bytes, src));
 }
 

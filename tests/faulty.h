@@ -5,7 +5,8 @@
  * calls since the fault was armed; at the next call that rank stops in the
  * way the fault says. Communicators split from a wrapped one are wrapped
  * too (they share the fault), so a stop can come in any collective of a
- * group or plan built on it.
+ * group or plan built on it. A plan whose rank is -1 never stops anyone and
+ * only counts what passes (sendrecv_bytes).
  */
 #ifndef INFINICP_TEST_FAULTY_H
 #define INFINICP_TEST_FAULTY_H
@@ -28,6 +29,7 @@ typedef struct faulty_plan {
     atomic_int calls;    /* counted so far */
     atomic_int stopped;  /* the rank has stopped */
     atomic_int released; /* FAULTY_STALL: let the stalled call return */
+    atomic_llong sendrecv_bytes; /* bytes sent by the sendrecv calls of every wrapped rank */
 } faulty_plan;
 
 /* Wrap *c (taking it over) so that it fails as plan says; rank is c's rank

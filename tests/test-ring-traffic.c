@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What the p2p ring sends: the bytes of every sendrecv of a CP forward and
+ * backward (counted by the faulty transport, which here never stops
+ * anyone) against what the geometry of the layout says a hop must carry.
+ *
+ * Under the causal mask a key block's rows split into spans that whole
+ * ranks see or do not see. With zigzag, rank j holds chunks j and 2R-1-j;
+ * the early chunk is seen by every rank, the late one only by ranks i <= j.
+ * The forward passes blocks to rank m-1: block j visits j-1, ..., 0 (who
+ * need its late chunk) before R-1, ..., j+1 (who do not). The backward
+ * passes them to m+1, own block last: keys and values visit j+1, ..., j-1
+ * and the last of those, j-1, needs the late chunk unless j = 0; the dK / dV
+ * sums carry the late chunk only once a rank i < j has added to it, i.e.
+ * on the j hops that leave ranks 0, ..., j-1. With the contiguous layout a
+ * block is seen whole by the ranks after it and not at all by those
+ * before. Where a block's rows are not one byte range (BSHD, batch 2), hops
+ * carry whole blocks. Without a mask every hop carries every row.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "faulty.h"
+
+enum { S = 96, H = 4, HKV = 2, D = 8 };
+
+typedef struct traffic_case {
+    int P, batch;
+    cp_layout layout;
+    cp_format format;
+    cp_mask mask;
+} traffic_case;
+
+typedef struct rank_job {
+    const traffic_case *c;
+    cp_comm *comm;
+    int rank;
+    pthread_barrier_t *bar;
+    faulty_plan *plan;
+    long long *fwd_bytes;
+    cp_status status;
+    char error[512];
+} rank_job;
+
+static void *run_rank(void *arg)
+{
+    rank_job *j = arg;
+    const traffic_case *c = j->c;
+    cp_context *ctx = NULL;
+    cp_group *g = NULL;
+    cp_attn_plan *p = NULL;
+    cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+    cc.num_threads = 1;
+    cp_group_config gc = CP_GROUP_CONFIG_INIT;
+    cp_attn_desc d = CP_ATTN_DESC_INIT;
+    d.batch = c->batch;
+    d.seq_len = S;
+    d.num_heads = H;
+    d.num_kv_heads = HKV;
+    d.head_dim = D;
+    d.mask = c->mask;
+    d.layout = c->layout;
+    d.format = c->format;
+    d.mode = CP_MODE_P2P;
+    const size_t n = (size_t)c->batch * (size_t)(S / c->P);
+    float *q = calloc(n * H * D, sizeof(float)), *kv = calloc(n * HKV * D, sizeof(float));
+    float *o = calloc(n * H * D, sizeof(float)), *lse = calloc(n * H, sizeof(float));
+    float *dq = calloc(n * H * D, sizeof(float)), *dk = calloc(n * HKV * D, sizeof(float));
+    float *dv = calloc(n * HKV * D, sizeof(float));
+    cp_status s = q && kv && o && lse && dq && dk && dv ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY;
+    if (s == CP_SUCCESS)
+        s = cp_context_create(&cc, &ctx);
+    if (s == CP_SUCCESS)
+        s = cp_group_create(ctx, j->comm, &gc, &g);
+    if (s == CP_SUCCESS)
+        s = cp_attn_plan_create(g, &d, &p);
+    if (s == CP_SUCCESS)
+        s = cp_attn_forward(p, q, kv, kv, o, lse, NULL, 0);
+    if (s != CP_SUCCESS)
+        snprintf(j->error, sizeof j->error, "%s", cp_last_error());
+    /* every forward's sends are counted once all ranks are here (the local
+     * transport on the CPU returns when the copy is done) */
+    pthread_barrier_wait(j->bar);
+    if (j->rank == 0)
+        *j->fwd_bytes = atomic_load(&j->plan->sendrecv_bytes);
+    pthread_barrier_wait(j->bar);
+    if (s == CP_SUCCESS) {
+        s = cp_attn_backward(p, q, kv, kv, o, lse, o, dq, dk, dv, NULL, 0);
+        if (s != CP_SUCCESS)
+            snprintf(j->error, sizeof j->error, "%s", cp_last_error());
+    }
+    j->status = s;
+    cp_attn_plan_destroy(p);
+    cp_group_destroy(g);
+    cp_context_destroy(ctx);
+    cp_comm_destroy(j->comm);
+    free(q), free(kv), free(o), free(lse), free(dq), free(dk), free(dv);
+    return NULL;
+}
+
+/* Expected bytes of the forward and the backward, in half blocks (a block
+ * being one rank's keys, or values, or F32 dK / dV sums: all the same size
+ * here) per tensor. */
+static void expect_halves(const traffic_case *c, long long *fwd, long long *bwd_kv, long long *bwd_acc)
+{
+    const long long R = c->P;
+    *fwd = *bwd_kv = *bwd_acc = 0;
+    const int rows_apart = c->batch > 1 && c->format == CP_FORMAT_BSHD;
+    for (long long j = 0; j < R; j++) {
+        if (c->mask == CP_MASK_NONE) {
+            *fwd += 2 * (R - 1), *bwd_kv += 2 * (R - 1), *bwd_acc += 2 * (R - 1);
+        } else if (c->layout == CP_LAYOUT_ZIGZAG) {
+            /* every hop carries some rows of the block: whole blocks if rows are apart */
+            *fwd += rows_apart ? 2 * (R - 1) : 2 * j + (R - 1 - j);
+            *bwd_kv += rows_apart || j > 0 ? 2 * (R - 1) : R - 1;
+            *bwd_acc += rows_apart ? 2 * (R - 1) : (R - 1) + j;
+        } else {
+            /* block R-1 is seen by no other rank: no hop carries anything */
+            *fwd += j < R - 1 ? 2 * (R - 1) : 0;
+            *bwd_kv += 2 * (R - 1 - j);
+            *bwd_acc += j < R - 1 ? 2 * (R - 1) : 0;
+        }
+    }
+}
+
+static void check_case(const traffic_case *c)
+{
+    cp_comm *comms[8];
+    assert_true(c->P <= 8);
+    assert_int_equal(cp_comm_create_local(c->P, comms), CP_SUCCESS);
+    faulty_plan plan = { .rank = -1 };
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)c->P);
+    long long fwd_bytes = 0;
+    rank_job jobs[8];
+    pthread_t th[8];
+    for (int i = 0; i < c->P; i++) {
+        assert_int_equal(faulty_wrap(&comms[i], &plan), CP_SUCCESS);
+        jobs[i] = (rank_job){ c, comms[i], i, &bar, &plan, &fwd_bytes, CP_SUCCESS, "" };
+        assert_int_equal(pthread_create(&th[i], NULL, run_rank, &jobs[i]), 0);
+    }
+    for (int i = 0; i < c->P; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    const char *what = c->mask == CP_MASK_NONE ? "no mask" : c->layout == CP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous";
+    for (int i = 0; i < c->P; i++)
+        if (jobs[i].status != CP_SUCCESS)
+            fail_msg("P=%d %s: rank %d: %s", c->P, what, i, jobs[i].error);
+    const long long half = (long long)c->batch * (S / c->P / 2) * HKV * D * (long long)sizeof(float);
+    long long fwd, bwd_kv, bwd_acc;
+    expect_halves(c, &fwd, &bwd_kv, &bwd_acc);
+    /* keys and values; dK and dV */
+    const long long want_fwd = 2 * fwd * half, want_bwd = 2 * (bwd_kv + bwd_acc) * half;
+    const long long got_bwd = atomic_load(&plan.sendrecv_bytes) - fwd_bytes;
+    /* against whole blocks on every hop, the dK / dV sums taking R hops home */
+    const long long P = c->P, whole_fwd = 2 * P * (P - 1) * 2 * half, whole_bwd = 2 * (P * (P - 1) + P * P) * 2 * half;
+    print_message("P=%d %-10s batch %d %s: forward %lld bytes (%.3f of whole blocks), backward %lld (%.3f)\n", c->P,
+                  what, c->batch, c->format == CP_FORMAT_SBHD ? "SBHD" : "BSHD", fwd_bytes,
+                  (double)fwd_bytes / (double)whole_fwd, got_bwd, (double)got_bwd / (double)whole_bwd);
+    if (fwd_bytes != want_fwd || got_bwd != want_bwd)
+        fail_msg("P=%d %s batch %d: forward sent %lld bytes, expected %lld; backward %lld, expected %lld", c->P, what,
+                 c->batch, fwd_bytes, want_fwd, got_bwd, want_bwd);
+}
+
+static void test_ring_traffic(void **state)
+{
+    (void)state;
+    static const int sizes[] = { 2, 3, 4, 8 };
+    for (int si = 0; si < 4; si++)
+        for (int k = 0; k < 5; k++) {
+            traffic_case c = { sizes[si], 1, CP_LAYOUT_ZIGZAG, CP_FORMAT_BSHD, CP_MASK_CAUSAL };
+            switch (k) {
+            case 1: c.layout = CP_LAYOUT_CONTIGUOUS; break;
+            case 2: c.mask = CP_MASK_NONE; break;
+            case 3: c.batch = 2, c.format = CP_FORMAT_SBHD; break; /* rows one byte range */
+            case 4: c.batch = 2; break;                           /* rows apart: whole blocks */
+            }
+            check_case(&c);
+        }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ring_traffic),
+    };
+    return cmocka_run_group_tests_name("ring-traffic", tests, NULL, NULL);
+}
