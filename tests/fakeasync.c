@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The pretend asynchronous device of fakeasync.h: streams are FIFOs run by
- * worker threads, events are (stream, position) pairs. */
+ * worker threads, events are (stream, position) pairs, kernels are the CPU
+ * backend's. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -16,9 +17,21 @@
 
 typedef struct stream stream;
 
-typedef enum op_kind { OP_COPY, OP_MEMSET, OP_CONVERT, OP_REDUCE, OP_WAIT } op_kind;
+typedef enum op_kind {
+    OP_COPY,
+    OP_MEMSET,
+    OP_CONVERT,
+    OP_REDUCE,
+    OP_ATTN_FORWARD,
+    OP_ATTN_BACKWARD,
+    OP_MERGE,
+    OP_WAIT
+} op_kind;
 
-/* One queued operation; only the fields of its kind are set. */
+/* One queued operation; only the fields of its kind are set. The kernels'
+ * arguments are copied when they are queued, as a launch copies its
+ * parameters: the caller's struct may be gone or reused (the core fills one
+ * struct for all the calls of a block) by the time the worker runs them. */
 typedef struct op {
     struct op *next;
     op_kind kind;
@@ -31,6 +44,10 @@ typedef struct op {
     cp_reduce_op rop;
     stream *on;      /* wait: the stream waited for (a reference held) ... */
     uint64_t target; /* ... until it has run this many operations */
+    union {
+        cp_kernel_attn_args attn;   /* attention forward and backward */
+        cp_kernel_merge_args merge; /* merge */
+    } k;
 } op;
 
 /*
@@ -49,14 +66,19 @@ struct stream {
     atomic_int refs;       /* the state, events recorded on it, waits queued for it */
     pthread_t worker;
     uint64_t rng;          /* the worker's only */
-    int max_delay_us;
+    atomic_int max_delay_us; /* set by the state's owner (fakeasync_set_delay), read by the worker */
+    /* The CPU backend's state the kernels of this stream run on: one thread
+     * (the worker), used by the worker only, so streams of one state may run
+     * kernels at the same time without sharing anything. The scratch sizes
+     * answered by attn_workspace_size are those of one thread too. */
+    void *cpu;
 };
 
 typedef struct state {
     stream *streams[CP_BACKEND_MAX_STREAMS]; /* made on first use, but 0 */
     int current;
     unsigned seed;
-    int max_delay_us;
+    int max_delay_us[CP_BACKEND_MAX_STREAMS]; /* of each stream, made or not yet */
 } state;
 
 typedef struct event {
@@ -82,14 +104,20 @@ static void stream_release(stream *s)
 }
 
 /* xorshift64*: cheap, and the same delays for the same seed. */
+static unsigned next_random(uint64_t *rng)
+{
+    *rng ^= *rng >> 12;
+    *rng ^= *rng << 25;
+    *rng ^= *rng >> 27;
+    return (unsigned)((*rng * 0x2545F4914F6CDD1DULL) >> 33);
+}
+
 static unsigned next_delay_us(stream *s)
 {
-    if (s->max_delay_us <= 0)
+    const int max = atomic_load(&s->max_delay_us);
+    if (max <= 0)
         return 0;
-    s->rng ^= s->rng >> 12;
-    s->rng ^= s->rng << 25;
-    s->rng ^= s->rng >> 27;
-    return (unsigned)((s->rng * 0x2545F4914F6CDD1DULL) >> 33) % ((unsigned)s->max_delay_us + 1);
+    return next_random(&s->rng) % ((unsigned)max + 1);
 }
 
 static void pause_us(unsigned us)
@@ -106,8 +134,9 @@ static void copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, 
         memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
 }
 
-static cp_status run_op(const op *o)
+static cp_status run_op(const stream *s, const op *o)
 {
+    const cp_backend_ops *cpu = cpi_cpu_backend();
     switch (o->kind) {
     case OP_COPY:
         copy_rows(o->dst, o->dpitch, o->src, o->spitch, o->width, o->height);
@@ -116,9 +145,15 @@ static cp_status run_op(const op *o)
         memset(o->dst, o->value, o->width);
         return CP_SUCCESS;
     case OP_CONVERT:
-        return cpi_cpu_backend()->convert(NULL, o->dst, o->dtype, o->src, o->src_dtype, o->count);
+        return cpu->convert(NULL, o->dst, o->dtype, o->src, o->src_dtype, o->count);
     case OP_REDUCE:
-        return cpi_cpu_backend()->reduce(NULL, o->dst, o->src, o->dtype, o->count, o->rop);
+        return cpu->reduce(NULL, o->dst, o->src, o->dtype, o->count, o->rop);
+    case OP_ATTN_FORWARD:
+        return cpu->attn_forward(s->cpu, &o->k.attn);
+    case OP_ATTN_BACKWARD:
+        return cpu->attn_backward(s->cpu, &o->k.attn);
+    case OP_MERGE:
+        return cpu->merge(s->cpu, &o->k.merge);
     case OP_WAIT: {
         /* Never this worker's own stream ahead of itself: the target was
          * queued before this wait, so it has run already then. */
@@ -149,7 +184,7 @@ static void *worker_main(void *p)
             s->tail = NULL;
         pthread_mutex_unlock(&s->mu);
         pause_us(next_delay_us(s));
-        cp_status st = run_op(o);
+        cp_status st = run_op(s, o);
         free(o);
         pthread_mutex_lock(&s->mu);
         if (st != CP_SUCCESS && s->error == CP_SUCCESS)
@@ -169,7 +204,7 @@ static cp_status stream_create(state *st, int index, stream **out)
     atomic_init(&s->refs, 1);
     /* never 0, or xorshift would stay there */
     s->rng = ((uint64_t)st->seed << 8 | (uint64_t)index) * 0x9E3779B97F4A7C15ULL + 1;
-    s->max_delay_us = st->max_delay_us;
+    atomic_init(&s->max_delay_us, st->max_delay_us[index]);
     if (pthread_mutex_init(&s->mu, NULL) != 0) {
         free(s);
         return cpi_error(CP_ERROR_INTERNAL, "fakeasync: cannot make the lock of stream %d", index);
@@ -179,7 +214,13 @@ static cp_status stream_create(state *st, int index, stream **out)
         free(s);
         return cpi_error(CP_ERROR_INTERNAL, "fakeasync: cannot make the condition of stream %d", index);
     }
+    cp_status e = cpi_cpu_backend()->open(0, NULL, 1, &s->cpu);
+    if (e != CP_SUCCESS) {
+        stream_release(s);
+        return e;
+    }
     if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
+        cpi_cpu_backend()->close(s->cpu);
         stream_release(s);
         return cpi_error(CP_ERROR_INTERNAL, "fakeasync: cannot start the worker of stream %d", index);
     }
@@ -211,6 +252,9 @@ static void stream_stop(stream *s)
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->worker, NULL);
+    /* nothing runs on the stream any more, though events may still name it */
+    cpi_cpu_backend()->close(s->cpu);
+    s->cpu = NULL;
     stream_release(s);
 }
 
@@ -243,13 +287,26 @@ cp_status fakeasync_open(unsigned seed, int max_delay_us, void **out)
     if (!st)
         return cpi_error(CP_ERROR_OUT_OF_MEMORY, "fakeasync: out of memory for a state");
     st->seed = seed;
-    st->max_delay_us = max_delay_us;
+    for (int i = 0; i < CP_BACKEND_MAX_STREAMS; i++)
+        st->max_delay_us[i] = max_delay_us;
     cp_status s = stream_create(st, 0, &st->streams[0]);
     if (s != CP_SUCCESS) {
         free(st);
         return s;
     }
     *out = st;
+    return CP_SUCCESS;
+}
+
+cp_status fakeasync_set_delay(void *p, int index, int max_delay_us)
+{
+    state *st = p;
+    if (index < 0 || index >= CP_BACKEND_MAX_STREAMS)
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "fakeasync_set_delay: index = %d (must be in [0, %d))", index,
+                         CP_BACKEND_MAX_STREAMS);
+    st->max_delay_us[index] = max_delay_us;
+    if (st->streams[index])
+        atomic_store(&st->streams[index]->max_delay_us, max_delay_us);
     return CP_SUCCESS;
 }
 
@@ -350,6 +407,48 @@ static cp_status fa_reduce(void *p, void *acc, const void *x, cp_dtype dtype, si
     return enqueue(p, &o);
 }
 
+/* Scratch sizes need not wait for the stream: they depend on the shape and
+ * on the thread count of the streams' CPU states (one, all alike). */
+static cp_status fa_attn_workspace_size(void *p, const cp_kernel_attn_args *a, int backward, size_t *bytes)
+{
+    state *st = p;
+    return cpi_cpu_backend()->attn_workspace_size(st->streams[0]->cpu, a, backward, bytes);
+}
+
+/* A workspace too small is an argument error, reported when the kernel is
+ * queued (as a launch would), not by the worker at the next drain. */
+static cp_status check_workspace(state *st, const cp_kernel_attn_args *a, int backward, const char *func)
+{
+    if (!a->workspace)
+        return CP_SUCCESS; /* the CPU kernel allocates its own */
+    size_t need = 0;
+    CPI_TRY(fa_attn_workspace_size(st, a, backward, &need));
+    if (a->workspace_bytes < need)
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "fakeasync %s: workspace_bytes = %zu (the call needs %zu)", func,
+                         a->workspace_bytes, need);
+    return CP_SUCCESS;
+}
+
+static cp_status fa_attn_forward(void *p, const cp_kernel_attn_args *a)
+{
+    CPI_TRY(check_workspace(p, a, 0, "attn_forward"));
+    op o = { .kind = OP_ATTN_FORWARD, .k.attn = *a };
+    return enqueue(p, &o);
+}
+
+static cp_status fa_attn_backward(void *p, const cp_kernel_attn_args *a)
+{
+    CPI_TRY(check_workspace(p, a, 1, "attn_backward"));
+    op o = { .kind = OP_ATTN_BACKWARD, .k.attn = *a };
+    return enqueue(p, &o);
+}
+
+static cp_status fa_merge(void *p, const cp_kernel_merge_args *a)
+{
+    op o = { .kind = OP_MERGE, .k.merge = *a };
+    return enqueue(p, &o);
+}
+
 static cp_status fa_stream_select(void *p, int index)
 {
     state *st = p;
@@ -439,6 +538,10 @@ static const cp_backend_ops ops = {
     .memset = fa_memset,
     .convert = fa_convert,
     .reduce = fa_reduce,
+    .attn_workspace_size = fa_attn_workspace_size,
+    .attn_forward = fa_attn_forward,
+    .attn_backward = fa_attn_backward,
+    .merge = fa_merge,
     .stream_select = fa_stream_select,
     .event_create = fa_event_create,
     .event_destroy = fa_event_destroy,

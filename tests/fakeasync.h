@@ -10,11 +10,17 @@
  *    stream_select, auxiliary streams 1 .. CP_BACKEND_MAX_STREAMS - 1 made on
  *    first use. A stream is a FIFO of operations run by a worker thread of
  *    its own, in order, each after a random delay (0 .. max_delay_us,
- *    from a generator seeded per state and stream), so that work a caller
- *    forgot to order runs in a different order from one run to the next and
- *    shows up as wrong data.
+ *    from a generator seeded per state and stream; a stream's maximum may
+ *    be set apart, see fakeasync_set_delay), so that work a caller forgot
+ *    to order runs in a different order from one run to the next and shows
+ *    up as wrong data.
  *  - Queued on the current stream: device-to-device copy_2d, memset,
- *    convert and reduce (the CPU backend's kernels, run by the worker).
+ *    convert, reduce, and the attention kernels attn_forward, attn_backward
+ *    and merge: the CPU backend's kernels, run by the worker on a CPU state
+ *    of one thread that each stream owns, with the arguments as they were
+ *    when queued (pointers included: the data they point to is read when
+ *    the kernel runs). attn_workspace_size answers at once (one thread's
+ *    scratch), and a workspace smaller than that fails when queued.
  *  - Host <-> device copy_2d (and host-to-host) behave like cudaMemcpyAsync
  *    on pageable host memory: the stream is drained, then the copy is done
  *    on the calling thread before it returns.
@@ -35,8 +41,10 @@
  * fakedev.h for that), pinned host memory and truly asynchronous host
  * copies, one device shared by several states (free drains only its own
  * state's streams), asynchronous error reporting (arguments are checked
- * when an operation is queued), set_stream (foreign streams are ignored),
- * and the attention kernels (their slots are NULL).
+ * when an operation is queued; one that fails later, on the worker, is
+ * reported without its message by the next host wait for the stream:
+ * synchronize or a host copy), and set_stream (foreign streams are
+ * ignored).
  */
 #ifndef INFINICP_TEST_FAKEASYNC_H
 #define INFINICP_TEST_FAKEASYNC_H
@@ -50,5 +58,13 @@ const cp_backend_ops *fakeasync_ops(void);
 /* A state with delays of up to max_delay_us before each operation (0: none),
  * drawn from a generator seeded with seed; close with fakeasync_ops()->close. */
 cp_status fakeasync_open(unsigned seed, int max_delay_us, void **state);
+
+/* Delays of up to max_delay_us on stream `index` of the state from now on
+ * (made already or not), for a stream faster or slower than the others:
+ * with equal delays a stream rarely gets several operations ahead of
+ * another, so work that forgot to wait for a reader on a slow stream is
+ * seldom run early enough to overwrite what the reader still needs. Called
+ * by the thread that drives the state. */
+cp_status fakeasync_set_delay(void *state, int index, int max_delay_us);
 
 #endif

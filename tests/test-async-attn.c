@@ -1,0 +1,372 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * CP attention, forward and backward, on the asynchronous pretend device of
+ * fakeasync.c: every rank a thread with a state of its own, whose streams
+ * run their work later, on threads of their own, each operation after a
+ * random delay.
+ *
+ * Why: on a device with streams the p2p ring moves keys, values and
+ * gradient accumulators on a comm stream while the attention kernels run on
+ * a compute stream, and only events order the two (a transfer into a buffer
+ * after the kernel that last read it, a kernel after the transfer that
+ * filled its inputs, an accumulator's hop after the kernel that added to
+ * it). The CPU backend has no streams, so there every step runs in order
+ * and a missing or misplaced event wait goes unseen; here it lets a kernel
+ * read a buffer before its data arrives, or a transfer overwrite one a
+ * kernel still reads, and the results come out wrong.
+ *
+ * What: modes p2p (P = 2, 3, 4), a2a_p2p with a2a size 2 (P = 2, 4) and
+ * a2a (P = 2, 4); contiguous and zigzag layouts; causal and no mask; batch
+ * 1 in BSHD and batch 2 in SBHD (the ring sends partial row ranges of a
+ * block only where its rows are one byte range, which both are); F32; each
+ * configuration with three device seeds, one per speed profile of the
+ * ring's streams (even, slow transfers, slow kernels: see profiles below),
+ * so with different interleavings. Every output (out, lse, dq, dk, dv) must
+ * be bit for bit that of the same configuration on CPU contexts of one
+ * thread (the pretend device runs the CPU kernels, one thread per stream,
+ * and a ring that waits where it should computes exactly what it computes
+ * in order), and both must be close to the FP64 reference of cpref.c.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/context.h"
+#include "cpref.h"
+#include "cprun.h"
+#include "fakeasync.h"
+
+#define SEQ 48 /* zigzag needs S % (2P) == 0 for P = 2, 3, 4 */
+#define MAX_RANKS 4
+#define MAX_DELAY_US 200
+#define TIMEOUT_MS 60000
+
+/* Relative RMS error against the FP64 reference that an F32 run stays
+ * under (fp32 accumulation over at most 48 keys; test-attn bounds CP=1 by
+ * 1e-5 on like shapes). A run that reads stale or unwritten data is off by
+ * far more, or NaN. */
+#define REF_BOUND 1e-5
+
+typedef struct run_cfg {
+    cp_mode mode;
+    int A; /* a2a size of a2a_p2p */
+    int P;
+    cp_layout layout;
+    int causal;
+    int batch; /* 1: BSHD; 2: SBHD */
+} run_cfg;
+
+static const char *const mode_names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
+
+/*
+ * The speeds of the ring's streams (ring.c: transfers on stream 1, kernels
+ * on stream 2; every other stream MAX_DELAY_US), one per device seed of a
+ * configuration. With slow transfers a kernel that does not wait for its
+ * keys and values reads them before they arrive; with slow kernels a
+ * transfer that does not wait for the kernel still reading its target
+ * buffer overwrites it. The slow stream must be much slower: with equal
+ * delays a stream is seldom several operations ahead of another, and the
+ * hosts queue the ring's steps no faster than the transport's rendezvous
+ * let them, so the transfer of a later step often is not even queued
+ * before the kernel of an earlier one has run.
+ */
+typedef struct speeds {
+    const char *name;
+    int comm_us, compute_us; /* the streams' maximum delays */
+} speeds;
+
+static const speeds profiles[] = {
+    { "even streams", MAX_DELAY_US, MAX_DELAY_US },
+    { "slow transfers", MAX_DELAY_US * 5, MAX_DELAY_US / 10 },
+    { "slow kernels", MAX_DELAY_US / 10, MAX_DELAY_US * 5 },
+};
+#define SEEDS ((int)(sizeof profiles / sizeof profiles[0]))
+
+static void describe(const run_cfg *c, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s P=%d A=%d %s %s B=%d %s", mode_names[c->mode], c->P, c->A,
+             c->layout == CP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous", c->causal ? "causal" : "nomask", c->batch,
+             c->batch == 1 ? "BSHD" : "SBHD");
+}
+
+/* ---- one CP run: P ranks, each a thread ------------------------------------ */
+
+typedef struct world_run {
+    const cpref_data *d;
+    const run_cfg *c;
+    int fake;      /* pretend device, else CPU contexts */
+    unsigned seed; /* of the pretend device's delays */
+    const speeds *speed;
+    cpref_result g; /* every rank's results, global */
+    pthread_mutex_t lock;
+    cp_status status; /* the first failure */
+    char error[512];
+} world_run;
+
+typedef struct rank_job {
+    world_run *w;
+    cp_comm *comm;
+    int rank;
+} rank_job;
+
+static void record(world_run *w, int rank, cp_status s, const char *what)
+{
+    pthread_mutex_lock(&w->lock);
+    if (w->status == CP_SUCCESS && s != CP_SUCCESS) {
+        w->status = s;
+        snprintf(w->error, sizeof w->error, "rank %d: %s: %s", rank, what, cp_last_error());
+    }
+    pthread_mutex_unlock(&w->lock);
+}
+
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    world_run *w = j->w;
+    const run_cfg *c = w->c;
+    cp_context *ctx = NULL;
+    cp_context dev = { 0 };
+    void *fake = NULL;
+    cp_group *g = NULL;
+    cp_attn_plan *plan = NULL;
+    cp_status s;
+    if (w->fake) {
+        /* A context by hand: the library reaches the device through
+         * ctx->ops and ctx->state only, and the pretend device is no
+         * backend that cp_context_create could open. */
+        s = fakeasync_open(w->seed * 16 + (unsigned)j->rank, MAX_DELAY_US, &fake);
+        if (s == CP_SUCCESS && (s = fakeasync_set_delay(fake, 1, w->speed->comm_us)) == CP_SUCCESS)
+            s = fakeasync_set_delay(fake, 2, w->speed->compute_us);
+        dev.device = CP_DEVICE_CUDA;
+        dev.device_index = j->rank;
+        dev.num_threads = 1;
+        dev.deterministic = 1;
+        dev.ops = fakeasync_ops();
+        dev.state = fake;
+        ctx = &dev;
+    } else {
+        /* One thread, as every stream of the pretend device: the CPU
+         * backward splits its keys by the thread count, which changes how
+         * dQ is summed. */
+        cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+        cc.num_threads = 1;
+        s = cp_context_create(&cc, &ctx);
+    }
+    if (s != CP_SUCCESS) {
+        record(w, j->rank, s, w->fake ? "opening the pretend device" : "cp_context_create");
+        goto out;
+    }
+    cp_group_config gc = CP_GROUP_CONFIG_INIT;
+    gc.a2a_size = c->A;
+    gc.timeout_ms = TIMEOUT_MS;
+    if ((s = cp_group_create(ctx, j->comm, &gc, &g)) != CP_SUCCESS) {
+        record(w, j->rank, s, "cp_group_create");
+        goto out;
+    }
+    int r = -1;
+    cp_group_rank(g, &r);
+    cp_attn_desc desc = cprun_desc(&w->d->sh, CP_DTYPE_F32, c->batch == 1 ? CP_FORMAT_BSHD : CP_FORMAT_SBHD,
+                                   c->layout, c->mode);
+    if ((s = cp_attn_plan_create(g, &desc, &plan)) != CP_SUCCESS) {
+        record(w, j->rank, s, "cp_attn_plan_create");
+        goto out;
+    }
+    /* The plan's own workspace on some ranks, the caller's (0xff bytes
+     * before each call) on the others, changing with the seed. */
+    const char *what = "";
+    s = cprun_rank(ctx, plan, w->d, &desc, c->P, r, (r + (int)w->seed) % 2, &w->g, &what);
+    if (s != CP_SUCCESS)
+        record(w, j->rank, s, what);
+out:
+    cp_attn_plan_destroy(plan);
+    cp_group_destroy(g);
+    cp_comm_destroy(j->comm);
+    if (w->fake) {
+        if (fake)
+            fakeasync_ops()->close(fake);
+    } else {
+        cp_context_destroy(ctx);
+    }
+    return NULL;
+}
+
+/* Run configuration c on d's inputs; the caller frees w->g. */
+static cp_status run_world(const cpref_data *d, const run_cfg *c, int fake, unsigned seed, const speeds *speed,
+                           world_run *w)
+{
+    memset(w, 0, sizeof *w);
+    w->d = d;
+    w->c = c;
+    w->fake = fake;
+    w->seed = seed;
+    w->speed = speed;
+    pthread_mutex_init(&w->lock, NULL);
+    cpref_result_alloc(&w->g, &d->sh);
+    cp_comm *comms[MAX_RANKS];
+    cp_status s = cp_comm_create_local(c->P, comms);
+    if (s != CP_SUCCESS) {
+        snprintf(w->error, sizeof w->error, "cp_comm_create_local: %s", cp_last_error());
+        w->status = s;
+    } else {
+        rank_job jobs[MAX_RANKS];
+        pthread_t th[MAX_RANKS];
+        for (int i = 0; i < c->P; i++) {
+            jobs[i] = (rank_job){ w, comms[i], i };
+            assert_int_equal(pthread_create(&th[i], NULL, rank_main, &jobs[i]), 0);
+        }
+        for (int i = 0; i < c->P; i++)
+            pthread_join(th[i], NULL);
+    }
+    pthread_mutex_destroy(&w->lock);
+    return w->status;
+}
+
+/* ---- comparing ------------------------------------------------------------ */
+
+static const char *const tensor_names[5] = { "out", "lse", "dq", "dk", "dv" };
+
+static void tensors(const cpref_result *r, const cpref_shape *sh, const double *t[5], size_t n[5])
+{
+    const size_t bs = (size_t)sh->B * (size_t)sh->S;
+    t[0] = r->out;
+    n[0] = bs * (size_t)sh->H * (size_t)sh->Dv;
+    t[1] = r->lse;
+    n[1] = bs * (size_t)sh->H;
+    t[2] = r->dq;
+    n[2] = bs * (size_t)sh->H * (size_t)sh->D;
+    t[3] = r->dk;
+    n[3] = bs * (size_t)sh->Hkv * (size_t)sh->D;
+    t[4] = r->dv;
+    n[4] = bs * (size_t)sh->Hkv * (size_t)sh->Dv;
+}
+
+/* Every result within REF_BOUND of the FP64 reference (NaN is not). */
+static void check_reference(const cpref_data *d, const cpref_result *r, const char *who, const char *cfg)
+{
+    double e[5];
+    cpref_errors(d, r, e);
+    for (int i = 0; i < 5; i++)
+        if (!(e[i] <= REF_BOUND))
+            fail_msg("%s %s: %s relative RMS error %.3g against the FP64 reference (bound %.0e); errors out %.3g "
+                     "lse %.3g dq %.3g dk %.3g dv %.3g",
+                     cfg, who, tensor_names[i], e[i], REF_BOUND, e[0], e[1], e[2], e[3], e[4]);
+}
+
+/* The pretend device's results bit for bit those of the CPU contexts. */
+static void check_identical(const cpref_shape *sh, const cpref_result *fake, const cpref_result *cpu,
+                            const char *who, const char *cfg)
+{
+    const double *a[5], *b[5];
+    size_t n[5];
+    tensors(fake, sh, a, n);
+    tensors(cpu, sh, b, n);
+    for (int i = 0; i < 5; i++) {
+        if (!memcmp(a[i], b[i], n[i] * sizeof(double)))
+            continue;
+        size_t first = 0, count = 0;
+        for (size_t k = n[i]; k-- > 0;)
+            if (memcmp(&a[i][k], &b[i][k], sizeof(double))) {
+                first = k;
+                count++;
+            }
+        fail_msg("%s %s: %s differs from the CPU contexts' in %zu of %zu values, the first at %zu: %.9g (CPU %.9g)",
+                 cfg, who, tensor_names[i], count, n[i], first, a[i][first], b[i][first]);
+    }
+}
+
+/* ---- the configurations ------------------------------------------------- */
+
+static unsigned next_seed = 1;
+
+/* One configuration: the CPU contexts once, then the pretend device with
+ * a seed for each speed profile. */
+static void check_config(const cpref_data *d, const run_cfg *c)
+{
+    char cfg[128];
+    describe(c, cfg, sizeof cfg);
+    world_run cpu;
+    if (run_world(d, c, 0, 0, NULL, &cpu) != CP_SUCCESS)
+        fail_msg("%s on CPU contexts: %s", cfg, cpu.error);
+    check_reference(d, &cpu.g, "on CPU contexts", cfg);
+    for (int k = 0; k < SEEDS; k++) {
+        const unsigned seed = next_seed++;
+        world_run fake;
+        char who[96];
+        snprintf(who, sizeof who, "on the pretend device (seed %u, %s)", seed, profiles[k].name);
+        if (run_world(d, c, 1, seed, &profiles[k], &fake) != CP_SUCCESS)
+            fail_msg("%s %s: %s", cfg, who, fake.error);
+        check_reference(d, &fake.g, who, cfg);
+        check_identical(&d->sh, &fake.g, &cpu.g, who, cfg);
+        cpref_result_free(&fake.g);
+    }
+    cpref_result_free(&cpu.g);
+}
+
+/* Every layout, mask and batch / format of one mode (a2a size A) on the
+ * given CP sizes. */
+static void matrix(cp_mode mode, int A, const int *sizes, int nsizes)
+{
+    int runs = 0;
+    for (int batch = 1; batch <= 2; batch++)
+        for (int causal = 0; causal < 2; causal++) {
+            /* MHA would do; GQA (2 query heads per kv head) also has the
+             * a2a at P = 4 replicate kv heads */
+            cpref_shape sh = { .B = batch, .S = SEQ, .H = 4, .Hkv = 2, .D = 8, .Dv = 8, .causal = causal };
+            sh.scale = 1.0 / sqrt((double)sh.D);
+            cpref_data d;
+            assert_int_equal(cpref_make(&d, &sh, CP_DTYPE_F32, 9000 + (uint64_t)(batch * 2 + causal), 2.0), 0);
+            for (int layout = 0; layout < 2; layout++)
+                for (int si = 0; si < nsizes; si++) {
+                    const run_cfg c = { mode, A, sizes[si], (cp_layout)layout, causal, batch };
+                    assert_true(sh.S % (2 * c.P) == 0);
+                    check_config(&d, &c);
+                    runs++;
+                }
+            cpref_free(&d);
+        }
+    print_message("%s: %d configurations, each on CPU contexts and on the pretend device with %d seeds\n",
+                  mode_names[mode], runs, SEEDS);
+}
+
+static void test_p2p(void **state)
+{
+    (void)state;
+    static const int sizes[] = { 2, 3, 4 };
+    matrix(CP_MODE_P2P, 1, sizes, 3);
+}
+
+/* a2a inside pairs, the ring across them (P = 4: a ring of 2; P = 2: a2a
+ * only, with no ring). */
+static void test_a2a_p2p(void **state)
+{
+    (void)state;
+    static const int sizes[] = { 2, 4 };
+    matrix(CP_MODE_A2A_P2P, 2, sizes, 2);
+}
+
+/* No ring: the exchanges and the kernels on stream 0, ordered by the
+ * transport's events. */
+static void test_a2a(void **state)
+{
+    (void)state;
+    static const int sizes[] = { 2, 4 };
+    matrix(CP_MODE_A2A, 1, sizes, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_p2p),
+        cmocka_unit_test(test_a2a_p2p),
+        cmocka_unit_test(test_a2a),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
