@@ -115,6 +115,109 @@ static void test_mismatch(void **state)
     run_suite(mismatch_rank, &device_mem, 7, 8);
 }
 
+/* ---- all_to_all of strided blocks ------------------------------------------ */
+
+/* Every rank sends with a block step and row pitch of its own (the reader
+ * must use the sender's), and receives with its own; recv's gaps between
+ * rows and blocks must stay as they were. Byte (rank s, block d, row r,
+ * column k) of what s sends d is a function of all four. */
+#define A2A2D_WIDTH 5
+#define A2A2D_ROWS 3
+
+static unsigned char a2a2d_byte(int s, int d, int r, int k)
+{
+    return (unsigned char)(1 + s * 37 + d * 11 + r * 5 + k);
+}
+
+typedef struct a2a2d_arg {
+    atomic_int wrong;
+    int mismatch_rows; /* > 0: the last rank passes this many rows */
+} a2a2d_arg;
+
+static void a2a2d_rank(int rank, int size, cp_comm *c, void *p)
+{
+    a2a2d_arg *a = p;
+    const size_t spitch = A2A2D_WIDTH + (size_t)rank, sstep = A2A2D_ROWS * spitch + 2 * (size_t)rank + 1;
+    const size_t rpitch = A2A2D_WIDTH + 2 + (size_t)rank % 2, rstep = A2A2D_ROWS * rpitch + 3;
+    unsigned char send[MAX_RANKS * 64], recv[MAX_RANKS * 64];
+    memset(send, 0xAB, sizeof send);
+    memset(recv, 0xEE, sizeof recv);
+    for (int d = 0; d < size; d++)
+        for (int r = 0; r < A2A2D_ROWS; r++)
+            for (int k = 0; k < A2A2D_WIDTH; k++)
+                send[(size_t)d * sstep + (size_t)r * spitch + (size_t)k] = a2a2d_byte(rank, d, r, k);
+    const size_t rows = a->mismatch_rows && rank == size - 1 ? (size_t)a->mismatch_rows : A2A2D_ROWS;
+    cp_xfer x = { NULL, NULL, LONG_TIMEOUT_MS };
+    cp_status st = cpi_all_to_all_2d(c, &x, send, sstep, spitch, recv, rstep, rpitch, A2A2D_WIDTH, rows);
+    if (a->mismatch_rows) {
+        if (st != CP_SUCCESS && st != CP_ERROR_MISMATCH)
+            fprintf(stderr, "rank %d: status %d, expected CP_ERROR_MISMATCH\n", rank, (int)st);
+        if (st != CP_ERROR_MISMATCH || !strstr(cp_last_error(), "rows"))
+            atomic_fetch_add(&a->wrong, 1);
+        for (size_t i = 0; i < sizeof recv; i++) /* nothing moved */
+            if (recv[i] != 0xEE) {
+                atomic_fetch_add(&a->wrong, 1);
+                break;
+            }
+        return;
+    }
+    if (st != CP_SUCCESS) {
+        fprintf(stderr, "rank %d: %s\n", rank, cp_last_error());
+        atomic_fetch_add(&a->wrong, 1);
+        return;
+    }
+    for (size_t i = 0; i < sizeof recv; i++) {
+        const size_t s = i / rstep, r = i % rstep / rpitch, k = i % rstep % rpitch;
+        const int inside = s < (size_t)size && r < A2A2D_ROWS && k < A2A2D_WIDTH;
+        const unsigned char want = inside ? a2a2d_byte((int)s, rank, (int)r, (int)k) : 0xEE;
+        if (recv[i] != want) {
+            fprintf(stderr, "rank %d: recv byte %zu (from %zu, row %zu, column %zu) is %u, expected %u\n", rank,
+                    i, s, r, k, recv[i], want);
+            atomic_fetch_add(&a->wrong, 1);
+            return;
+        }
+    }
+}
+
+static void test_all_to_all_2d(void **state)
+{
+    for (int n = 1; n <= 5; n++) {
+        a2a2d_arg a = { 0, 0 };
+        run_world(n, a2a2d_rank, &a);
+        if (atomic_load(&a.wrong))
+            fail_msg("all_to_all_2d on %d ranks: wrong results (see above)", n);
+    }
+    for (int n = 2; n <= 3; n++) {
+        a2a2d_arg a = { 0, 1 };
+        run_world(n, a2a2d_rank, &a);
+        if (atomic_load(&a.wrong))
+            fail_msg("all_to_all_2d on %d ranks with rows disagreeing: not CP_ERROR_MISMATCH everywhere", n);
+    }
+
+    /* Arguments one rank can check alone; no rank enters the exchange. */
+    cp_comm *comms[2];
+    assert_int_equal(cp_comm_create_local(2, comms), CP_SUCCESS);
+    assert_true(cpi_comm_has_all_to_all_2d(comms[0]));
+    assert_false(cpi_comm_has_all_to_all_2d(NULL));
+    cp_xfer x = { NULL, NULL, LONG_TIMEOUT_MS };
+    unsigned char buf[256];
+    EXPECT_ERROR(cpi_all_to_all_2d(NULL, &x, buf, 8, 8, buf + 128, 8, 8, 4, 2), CP_ERROR_INVALID_ARGUMENT,
+                 "comm is NULL");
+    EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf, 16, 3, buf + 128, 16, 8, 4, 2), CP_ERROR_INVALID_ARGUMENT,
+                 "send_pitch = 3");
+    EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf, 16, 8, buf + 128, 16, 2, 4, 2), CP_ERROR_INVALID_ARGUMENT,
+                 "recv_pitch = 2");
+    EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, NULL, 16, 8, buf + 128, 16, 8, 4, 2), CP_ERROR_INVALID_ARGUMENT,
+                 "send is NULL");
+    /* blocks 0 and 1 of send reach 16 + 8 + 4 = 28 bytes: recv at 20 overlaps */
+    EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf, 16, 8, buf + 20, 16, 8, 4, 2), CP_ERROR_INVALID_ARGUMENT,
+                 "overlap");
+    EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf, SIZE_MAX - 4, 8, buf + 128, 16, 8, 4, 2),
+                 CP_ERROR_INVALID_ARGUMENT, "overflow");
+    for (int i = 0; i < 2; i++)
+        cp_comm_destroy(comms[i]);
+}
+
 /* ---- barrier ------------------------------------------------------------- */
 
 typedef struct barrier_arg {
@@ -540,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_collectives_host),
         cmocka_unit_test(test_collectives_device),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_all_to_all_2d),
         cmocka_unit_test(test_barrier_waits_for_all),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_group_timeout),

@@ -117,8 +117,44 @@ static cp_status exchange(const cp_attn_plan *p, void *send, void *recv, size_t 
     return cpi_all_to_all(p->a2a_comm, &x, send, recv, block);
 }
 
+/* The token side's head slices as strided blocks: where the transport can
+ * read them in place and every member's slice of the local tokens is the
+ * same rows at an even step of heads (no replicated kv heads; batch 1 or
+ * SBHD, so that rows are evenly spaced), the exchange takes the slices
+ * straight from (or puts them straight into) the token-side tensor, and the
+ * copy between it and the exchange buffer is saved. */
+typedef struct slices {
+    size_t step, pitch, width, rows;
+} slices;
+
+static int slices_strided(const cp_attn_plan *p, const cpi_a2a_item *it, slices *sl)
+{
+    if (it->lse_h || (p->d.batch != 1 && p->d.format != CP_FORMAT_SBHD) ||
+        (it->kv && p->d.num_kv_heads % p->A) || !cpi_comm_has_all_to_all_2d(p->a2a_comm))
+        return 0;
+    const cpi_tensor *t = it->tensor, *h = it->tensor_h;
+    if (t->dtype != h->dtype || t->dim != h->dim || (int64_t)h->heads * p->A != t->heads)
+        return 0;
+    const size_t es = cpi_dtype_size(t->dtype);
+    sl->width = (size_t)h->heads * (size_t)h->dim * es;
+    sl->step = sl->width; /* slice m starts at head m * h->heads */
+    sl->pitch = (size_t)t->heads * (size_t)t->dim * es;
+    sl->rows = (size_t)p->s_loc * (size_t)p->d.batch;
+    return 1;
+}
+
 cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *send, void *recv)
 {
+    slices sl;
+    if (slices_strided(p, it, &sl)) {
+        const int rows = blocks_are_rows(p, it);
+        cp_xfer x = cpi_group_xfer(p->g);
+        CPI_TRY(cpi_all_to_all_2d(p->a2a_comm, &x, it->tensor->p, sl.step, sl.pitch,
+                                  rows ? it->tensor_h->p : recv, sl.width * sl.rows, sl.width, sl.width, sl.rows));
+        for (int m = 0; m < p->A && !rows; m++)
+            CPI_TRY(member_rows(p, it, recv, m, 0));
+        return CP_SUCCESS;
+    }
     for (int m = 0; m < p->A; m++)
         CPI_TRY(member_heads(p, it, send, m, 1));
     if (blocks_are_rows(p, it))
@@ -137,6 +173,12 @@ cp_status cpi_a2a_to_tokens(const cp_attn_plan *p, const cpi_a2a_item *it, void 
         for (int m = 0; m < p->A; m++)
             CPI_TRY(member_rows(p, it, send, m, 1));
     const size_t block = cpi_a2a_item_bytes(p, it);
+    slices sl;
+    if (slices_strided(p, it, &sl)) { /* no replicas to sum: see slices_strided */
+        cp_xfer x = cpi_group_xfer(p->g);
+        return cpi_all_to_all_2d(p->a2a_comm, &x, send, block, sl.width, it->tensor->p, sl.step, sl.pitch,
+                                 sl.width, sl.rows);
+    }
     CPI_TRY(exchange(p, send, recv, block));
     const int rep = it->kv && p->d.num_kv_heads < p->A ? p->A / p->d.num_kv_heads : 1;
     for (int m = 0; m < p->A; m += rep) {

@@ -19,6 +19,7 @@ const char *cpi_call_name(int32_t kind)
     case CPI_CALL_ALL_REDUCE: return "all_reduce";
     case CPI_CALL_BARRIER: return "barrier";
     case CPI_CALL_SPLIT: return "split";
+    case CPI_CALL_ALL_TO_ALL_2D: return "all_to_all_2d";
     }
     return "unknown collective";
 }
@@ -83,8 +84,13 @@ bool cpi_call_agree(const cpi_call *all, int n, char *why, size_t cap)
         }
         if (c->size != r->size) {
             snprintf(why, cap, "%s: rank 0 passed %s = %llu, rank %d passed %llu", cpi_call_name(r->kind),
-                     r->dtype >= 0 ? "count" : "bytes", (unsigned long long)r->size, i,
+                     r->dtype >= 0 ? "count" : r->kind == CPI_CALL_ALL_TO_ALL_2D ? "width" : "bytes", (unsigned long long)r->size, i,
                      (unsigned long long)c->size);
+            return false;
+        }
+        if (r->kind == CPI_CALL_ALL_TO_ALL_2D && c->recv != r->recv) {
+            snprintf(why, cap, "%s: rank 0 passed rows = %llu, rank %d passed %llu", cpi_call_name(r->kind),
+                     (unsigned long long)r->recv, i, (unsigned long long)c->recv);
             return false;
         }
     }

@@ -21,6 +21,7 @@ typedef enum cpi_call_kind {
     CPI_CALL_ALL_REDUCE = 5,
     CPI_CALL_BARRIER = 6,
     CPI_CALL_SPLIT = 7,
+    CPI_CALL_ALL_TO_ALL_2D = 8, /* size: bytes per row, recv: rows per block */
 } cpi_call_kind;
 
 /* Fixed-size and free of pointers, so it can travel as bytes. */
@@ -31,7 +32,7 @@ typedef struct cpi_call {
     int32_t op;     /* reductions; -1 otherwise */
     int32_t a, b;   /* sendrecv: dst, src; split: color, key; -1 otherwise */
     uint64_t size;  /* bytes (per block / sent) or element count (per block) */
-    uint64_t recv;  /* sendrecv: bytes expected from src */
+    uint64_t recv;  /* sendrecv: bytes expected from src; all_to_all_2d: rows per block */
 } cpi_call;
 
 /* Descriptor of one call; unused fields are -1 / 0. */

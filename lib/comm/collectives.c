@@ -98,6 +98,49 @@ cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *r
     return c->ops->all_to_all(c->impl, &r, send, recv, bytes);
 }
 
+bool cpi_comm_has_all_to_all_2d(const cp_comm *c)
+{
+    return c && c->ops == &cpi_local_transport;
+}
+
+/* The bytes from the first to the last byte of n blocks of rows rows, or
+ * false on overflow. */
+static bool strided_extent(int n, size_t step, size_t pitch, size_t width, size_t rows, size_t *out)
+{
+    size_t a, b;
+    if (!width || !rows) {
+        *out = 0;
+        return true;
+    }
+    return cpi_mul((size_t)(n - 1), step, &a) && cpi_mul(rows - 1, pitch, &b) && a <= SIZE_MAX - b &&
+           a + b <= SIZE_MAX - width && ((*out = a + b + width), true);
+}
+
+cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, size_t send_step, size_t send_pitch,
+                            void *recv, size_t recv_step, size_t recv_pitch, size_t width, size_t rows)
+{
+    static const char name[] = "all_to_all_2d";
+    size_t sext, rext;
+    CPI_TRY(check_comm(name, c, x));
+    if (!cpi_comm_has_all_to_all_2d(c))
+        return cpi_error(CP_ERROR_UNSUPPORTED, "%s: transport %s does not read strided blocks in place", name,
+                         c->ops->name);
+    CPI_CHECK(rows <= 1 || send_pitch >= width, "%s: send_pitch = %zu is less than width = %zu", name, send_pitch,
+              width);
+    CPI_CHECK(rows <= 1 || recv_pitch >= width, "%s: recv_pitch = %zu is less than width = %zu", name, recv_pitch,
+              width);
+    CPI_CHECK(strided_extent(c->size, send_step, send_pitch, width, rows, &sext) &&
+                  strided_extent(c->size, recv_step, recv_pitch, width, rows, &rext),
+              "%s: %d blocks of %zu rows of %zu bytes overflow size_t", name, c->size, rows, width);
+    CPI_TRY(check_buffer(name, "send", send, sext));
+    CPI_TRY(check_buffer(name, "recv", recv, rext));
+    CPI_CHECK(!overlap(send, sext, recv, rext), "%s: send %p (%zu bytes) and recv %p (%zu bytes) overlap", name,
+              send, sext, recv, rext);
+    cp_xfer r = cpi_xfer_resolve(x);
+    return cpi_local_all_to_all_2d(c->impl, &r, send, send_step, send_pitch, recv, recv_step, recv_pitch, width,
+                                   rows);
+}
+
 cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
                        void *recv, size_t recv_bytes, int src)
 {

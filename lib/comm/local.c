@@ -72,6 +72,8 @@ struct world {
     uint64_t *waiting;  /* gen + 1 while the rank waits in rendezvous gen */
     cpi_call *calls;    /* the call each rank entered */
     const void **sends; /* its send buffer */
+    size_t *steps;      /* all_to_all_2d: its send blocks' spacing */
+    size_t *pitches;    /* all_to_all_2d: its send rows' spacing */
     int32_t *done;      /* its status at departure */
     world **made;       /* split: the new world its members share */
     /* stream order: per rank, the backend it queues on (NULL = host path)
@@ -95,6 +97,8 @@ static void world_free_arrays(world *w)
     free(w->waiting);
     free(w->calls);
     free(w->sends);
+    free(w->steps);
+    free(w->pitches);
     free(w->done);
     free(w->made);
     free(w->ops);
@@ -136,6 +140,8 @@ static world *world_create(int size, int alive)
     w->waiting = cpi_calloc((size_t)size, sizeof *w->waiting);
     w->calls = cpi_calloc((size_t)size, sizeof *w->calls);
     w->sends = cpi_calloc((size_t)size, sizeof *w->sends);
+    w->steps = cpi_calloc((size_t)size, sizeof *w->steps);
+    w->pitches = cpi_calloc((size_t)size, sizeof *w->pitches);
     w->done = cpi_calloc((size_t)size, sizeof *w->done);
     w->made = cpi_calloc((size_t)size, sizeof *w->made);
     w->ops = cpi_calloc((size_t)size, sizeof *w->ops);
@@ -143,7 +149,7 @@ static world *world_create(int size, int alive)
     w->copied = cpi_calloc((size_t)size, sizeof *w->copied);
     const char *env = getenv("INFINICP_LOCAL_HOST_SYNC");
     w->host_sync = env && !strcmp(env, "1");
-    if (!w->waiting || !w->calls || !w->sends || !w->done || !w->made || !w->ops || !w->ready || !w->copied ||
+    if (!w->waiting || !w->calls || !w->sends || !w->steps || !w->pitches || !w->done || !w->made || !w->ops || !w->ready || !w->copied ||
         !init_sync(w)) {
         world_free_arrays(w);
         cpi_error(CP_ERROR_OUT_OF_MEMORY, "local transport: cannot create a world of %d ranks", size);
@@ -427,6 +433,29 @@ static cp_status local_all_to_all(void *impl, const cp_xfer *xin, const void *se
         if ((s = reading(c, j)) == CP_SUCCESS)
             s = copy(&x, (char *)recv + (size_t)j * bytes, (const char *)c->w->sends[j] + (size_t)c->rank * bytes,
                  bytes);
+    return leave(c, &x, s);
+}
+
+cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *xin, const void *send, size_t send_step,
+                                  size_t send_pitch, void *recv, size_t recv_step, size_t recv_pitch, size_t width,
+                                  size_t rows)
+{
+    local_comm *c = impl;
+    cp_xfer x = cpi_xfer_resolve(xin);
+    cpi_call call = cpi_call_make(CPI_CALL_ALL_TO_ALL_2D, width, -1, -1);
+    call.recv = rows;
+    /* Peers read these only between this rank's arrival and departure, like
+     * its send pointer. */
+    c->w->steps[c->rank] = send_step;
+    c->w->pitches[c->rank] = send_pitch;
+    CPI_TRY(enter(c, &x, call, send, x.timeout_ms, true));
+    const cp_copy_kind kind = x.backend->device == CP_DEVICE_CPU ? CP_COPY_HOST_TO_HOST : CP_COPY_DEVICE_TO_DEVICE;
+    cp_status s = CP_SUCCESS;
+    for (int j = 0; j < c->w->size && s == CP_SUCCESS && width && rows; j++)
+        if ((s = reading(c, j)) == CP_SUCCESS)
+            s = x.backend->copy_2d(x.backend_state, (char *)recv + (size_t)j * recv_step, recv_pitch,
+                                   (const char *)c->w->sends[j] + (size_t)c->rank * c->w->steps[j],
+                                   c->w->pitches[j], width, rows, kind);
     return leave(c, &x, s);
 }
 
