@@ -143,6 +143,12 @@ static int slices_strided(const cp_attn_plan *p, const cpi_a2a_item *it, slices 
     return 1;
 }
 
+int cpi_a2a_item_buffered(const cp_attn_plan *p, const cpi_a2a_item *it)
+{
+    slices sl;
+    return !slices_strided(p, it, &sl) || !blocks_are_rows(p, it);
+}
+
 cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *send, void *recv)
 {
     slices sl;

@@ -8,12 +8,15 @@
  */
 #include "attn/plan.h"
 
-/* Exchange buffers: large enough for the largest of the given items. */
+/* Exchange buffers: large enough for the largest of the given items that
+ * goes through them (cpi_a2a_item_buffered). */
 static void take_exchange(cp_attn_plan *p, cpi_arena *ws, const cpi_a2a_item *items, int n, void **send,
                           void **recv)
 {
     size_t block = 0;
     for (int i = 0; i < n; i++) {
+        if (!cpi_a2a_item_buffered(p, &items[i]))
+            continue;
         size_t b = cpi_a2a_item_bytes(p, &items[i]);
         if (b > block)
             block = b;

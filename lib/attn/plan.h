@@ -172,6 +172,9 @@ typedef struct cpi_a2a_item {
     int kv; /* slices of kv heads (else query heads) */
 } cpi_a2a_item;
 size_t cpi_a2a_item_bytes(const cp_attn_plan *p, const cpi_a2a_item *it); /* one block */
+/* Whether the item's exchanges use send / recv: not where the transport
+ * moves its head slices in place and the blocks are head-side rows. */
+int cpi_a2a_item_buffered(const cp_attn_plan *p, const cpi_a2a_item *it);
 cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *send, void *recv);
 /* The way back; with sum_replicas, F32 blocks of members sharing a kv head
  * (Hkv < A) are summed before they are placed. */
