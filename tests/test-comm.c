@@ -137,18 +137,25 @@ typedef struct a2a2d_arg {
 static void a2a2d_rank(int rank, int size, cp_comm *c, void *p)
 {
     a2a2d_arg *a = p;
-    const size_t spitch = A2A2D_WIDTH + (size_t)rank, sstep = A2A2D_ROWS * spitch + 2 * (size_t)rank + 1;
-    const size_t rpitch = A2A2D_WIDTH + 2 + (size_t)rank % 2, rstep = A2A2D_ROWS * rpitch + 3;
+    /* odd ranks send their blocks in reverse order (a negative step), every
+     * third rank receives them so */
+    const size_t spitch = A2A2D_WIDTH + (size_t)rank, sgap = A2A2D_ROWS * spitch + 2 * (size_t)rank + 1;
+    const size_t rpitch = A2A2D_WIDTH + 2 + (size_t)rank % 2, rgap = A2A2D_ROWS * rpitch + 3;
+    const int sback = rank % 2, rback = rank % 3 == 2;
+    const ptrdiff_t sstep = sback ? -(ptrdiff_t)sgap : (ptrdiff_t)sgap;
+    const ptrdiff_t rstep = rback ? -(ptrdiff_t)rgap : (ptrdiff_t)rgap;
     unsigned char send[MAX_RANKS * 64], recv[MAX_RANKS * 64];
+    unsigned char *s0 = send + (sback ? (size_t)(size - 1) * sgap : 0);
+    unsigned char *r0 = recv + (rback ? (size_t)(size - 1) * rgap : 0);
     memset(send, 0xAB, sizeof send);
     memset(recv, 0xEE, sizeof recv);
     for (int d = 0; d < size; d++)
         for (int r = 0; r < A2A2D_ROWS; r++)
             for (int k = 0; k < A2A2D_WIDTH; k++)
-                send[(size_t)d * sstep + (size_t)r * spitch + (size_t)k] = a2a2d_byte(rank, d, r, k);
+                s0[(ptrdiff_t)d * sstep + (ptrdiff_t)((size_t)r * spitch + (size_t)k)] = a2a2d_byte(rank, d, r, k);
     const size_t rows = a->mismatch_rows && rank == size - 1 ? (size_t)a->mismatch_rows : A2A2D_ROWS;
     cp_xfer x = { NULL, NULL, LONG_TIMEOUT_MS };
-    cp_status st = cpi_all_to_all_2d(c, &x, send, sstep, spitch, recv, rstep, rpitch, A2A2D_WIDTH, rows);
+    cp_status st = cpi_all_to_all_2d(c, &x, s0, sstep, spitch, r0, rstep, rpitch, A2A2D_WIDTH, rows);
     if (a->mismatch_rows) {
         if (st != CP_SUCCESS && st != CP_ERROR_MISMATCH)
             fprintf(stderr, "rank %d: status %d, expected CP_ERROR_MISMATCH\n", rank, (int)st);
@@ -167,12 +174,14 @@ static void a2a2d_rank(int rank, int size, cp_comm *c, void *p)
         return;
     }
     for (size_t i = 0; i < sizeof recv; i++) {
-        const size_t s = i / rstep, r = i % rstep / rpitch, k = i % rstep % rpitch;
-        const int inside = s < (size_t)size && r < A2A2D_ROWS && k < A2A2D_WIDTH;
+        /* block b from the start of recv holds what rank s sent */
+        const size_t b = i / rgap, r = i % rgap / rpitch, k = i % rgap % rpitch;
+        const size_t s = rback ? (size_t)(size - 1) - b : b;
+        const int inside = b < (size_t)size && r < A2A2D_ROWS && k < A2A2D_WIDTH;
         const unsigned char want = inside ? a2a2d_byte((int)s, rank, (int)r, (int)k) : 0xEE;
         if (recv[i] != want) {
-            fprintf(stderr, "rank %d: recv byte %zu (from %zu, row %zu, column %zu) is %u, expected %u\n", rank,
-                    i, s, r, k, recv[i], want);
+            fprintf(stderr, "rank %d: recv byte %zu (block %zu, row %zu, column %zu) is %u, expected %u\n", rank,
+                    i, b, r, k, recv[i], want);
             atomic_fetch_add(&a->wrong, 1);
             return;
         }
@@ -212,8 +221,12 @@ static void test_all_to_all_2d(void **state)
     /* blocks 0 and 1 of send reach 16 + 8 + 4 = 28 bytes: recv at 20 overlaps */
     EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf, 16, 8, buf + 20, 16, 8, 4, 2), CP_ERROR_INVALID_ARGUMENT,
                  "overlap");
-    EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf, SIZE_MAX - 4, 8, buf + 128, 16, 8, 4, 2),
+    EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf, PTRDIFF_MIN, 8, buf + 128, 16, 8, 4, 2),
                  CP_ERROR_INVALID_ARGUMENT, "overflow");
+    /* backwards: block 1 of recv starts 16 bytes below recv, at buf + 112,
+     * and reaches into send's block 0 at buf + 100 .. 112 + 12 */
+    EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf + 100, 16, 8, buf + 128, -16, 8, 4, 2),
+                 CP_ERROR_INVALID_ARGUMENT, "overlap");
     for (int i = 0; i < 2; i++)
         cp_comm_destroy(comms[i]);
 }

@@ -117,50 +117,89 @@ static cp_status exchange(const cp_attn_plan *p, void *send, void *recv, size_t 
     return cpi_all_to_all(p->a2a_comm, &x, send, recv, block);
 }
 
-/* The token side's head slices as strided blocks: where the transport can
- * read them in place and every member's slice of the local tokens is the
- * same rows at an even step of heads (no replicated kv heads; batch 1 or
- * SBHD, so that rows are evenly spaced), the exchange takes the slices
- * straight from (or puts them straight into) the token-side tensor, and the
- * copy between it and the exchange buffer is saved. */
-typedef struct slices {
-    size_t step, pitch, width, rows;
-} slices;
+/*
+ * Exchanges without the exchange buffers. Where the transport reads strided
+ * blocks in place (cpi_all_to_all_2d), every member's head slice of the
+ * local tokens is a strided block of the token-side tensor (the same rows,
+ * slices an even number of heads apart: no replicated kv heads; batch 1 or
+ * SBHD, so that rows are evenly spaced), and the members' spans land on
+ * the head side at rows in arithmetic progression over the members (span k
+ * of member m at first[k] + m * step[k]: contiguous layouts, one span a
+ * member, at m * s_loc; zigzag, early chunks in member order and late
+ * chunks in reverse), the exchange moves the rows straight between the
+ * token-side slices and the head side, one exchange per span: no copy into
+ * or out of an exchange buffer.
+ */
+typedef struct direct {
+    int n;               /* spans per member: exchanges */
+    size_t width, pitch; /* bytes: a row of a slice; between token-side rows */
+    int64_t local[CPI_MAX_SPANS], len[CPI_MAX_SPANS], first[CPI_MAX_SPANS], step[CPI_MAX_SPANS];
+} direct;
 
-static int slices_strided(const cp_attn_plan *p, const cpi_a2a_item *it, slices *sl)
+static int direct_plan(const cp_attn_plan *p, const cpi_a2a_item *it, direct *dp)
 {
-    if (it->lse_h || (p->d.batch != 1 && p->d.format != CP_FORMAT_SBHD) ||
+    if (it->lse_h || p->A < 2 || (p->d.batch != 1 && p->d.format != CP_FORMAT_SBHD) ||
         (it->kv && p->d.num_kv_heads % p->A) || !cpi_comm_has_all_to_all_2d(p->a2a_comm))
         return 0;
     const cpi_tensor *t = it->tensor, *h = it->tensor_h;
     if (t->dtype != h->dtype || t->dim != h->dim || (int64_t)h->heads * p->A != t->heads)
         return 0;
     const size_t es = cpi_dtype_size(t->dtype);
-    sl->width = (size_t)h->heads * (size_t)h->dim * es;
-    sl->step = sl->width; /* slice m starts at head m * h->heads */
-    sl->pitch = (size_t)t->heads * (size_t)t->dim * es;
-    sl->rows = (size_t)p->s_loc * (size_t)p->d.batch;
+    dp->width = (size_t)h->heads * (size_t)h->dim * es;
+    dp->pitch = (size_t)t->heads * (size_t)t->dim * es;
+    cpi_span s0[CPI_MAX_SPANS], s1[CPI_MAX_SPANS];
+    int64_t r0[CPI_MAX_SPANS], r1[CPI_MAX_SPANS];
+    dp->n = member_spans(p, 0, s0, r0);
+    if (member_spans(p, 1, s1, r1) != dp->n)
+        return 0;
+    int64_t local = 0;
+    for (int k = 0; k < dp->n; k++) {
+        dp->local[k] = local;
+        dp->len[k] = s0[k].len;
+        dp->first[k] = r0[k];
+        dp->step[k] = r1[k] - r0[k];
+        local += s0[k].len;
+    }
+    for (int m = 1; m < p->A; m++) {
+        if (member_spans(p, m, s1, r1) != dp->n)
+            return 0;
+        for (int k = 0; k < dp->n; k++)
+            if (s1[k].len != dp->len[k] || r1[k] != dp->first[k] + (int64_t)m * dp->step[k])
+                return 0;
+    }
     return 1;
+}
+
+/* The direct exchanges of one item; to_heads: direction. */
+static cp_status exchange_direct(const cp_attn_plan *p, const cpi_a2a_item *it, const direct *dp, int to_heads)
+{
+    const int64_t B = p->d.batch;
+    const size_t tok_t = (size_t)B * dp->pitch, tok_h = (size_t)B * dp->width; /* bytes of a token */
+    cp_xfer x = cpi_group_xfer(p->g);
+    for (int k = 0; k < dp->n; k++) {
+        char *tp = (char *)it->tensor->p + (size_t)dp->local[k] * tok_t;
+        char *hp = (char *)it->tensor_h->p + (size_t)dp->first[k] * tok_h;
+        const ptrdiff_t hstep = (ptrdiff_t)dp->step[k] * (ptrdiff_t)tok_h;
+        const size_t rows = (size_t)(dp->len[k] * B);
+        CPI_TRY(to_heads ? cpi_all_to_all_2d(p->a2a_comm, &x, tp, (ptrdiff_t)dp->width, dp->pitch, hp, hstep,
+                                             dp->width, dp->width, rows)
+                         : cpi_all_to_all_2d(p->a2a_comm, &x, hp, hstep, dp->width, tp, (ptrdiff_t)dp->width,
+                                             dp->pitch, dp->width, rows));
+    }
+    return CP_SUCCESS;
 }
 
 int cpi_a2a_item_buffered(const cp_attn_plan *p, const cpi_a2a_item *it)
 {
-    slices sl;
-    return !slices_strided(p, it, &sl) || !blocks_are_rows(p, it);
+    direct dp;
+    return !direct_plan(p, it, &dp);
 }
 
 cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *send, void *recv)
 {
-    slices sl;
-    if (slices_strided(p, it, &sl)) {
-        const int rows = blocks_are_rows(p, it);
-        cp_xfer x = cpi_group_xfer(p->g);
-        CPI_TRY(cpi_all_to_all_2d(p->a2a_comm, &x, it->tensor->p, sl.step, sl.pitch,
-                                  rows ? it->tensor_h->p : recv, sl.width * sl.rows, sl.width, sl.width, sl.rows));
-        for (int m = 0; m < p->A && !rows; m++)
-            CPI_TRY(member_rows(p, it, recv, m, 0));
-        return CP_SUCCESS;
-    }
+    direct dp;
+    if (direct_plan(p, it, &dp))
+        return exchange_direct(p, it, &dp, 1);
     for (int m = 0; m < p->A; m++)
         CPI_TRY(member_heads(p, it, send, m, 1));
     if (blocks_are_rows(p, it))
@@ -173,18 +212,15 @@ cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *
 
 cp_status cpi_a2a_to_tokens(const cp_attn_plan *p, const cpi_a2a_item *it, void *send, void *recv, int sum_replicas)
 {
+    direct dp;
+    if (direct_plan(p, it, &dp)) /* no replicated kv heads, so none to sum */
+        return exchange_direct(p, it, &dp, 0);
     if (blocks_are_rows(p, it))
         send = it->tensor_h->p;
     else
         for (int m = 0; m < p->A; m++)
             CPI_TRY(member_rows(p, it, send, m, 1));
     const size_t block = cpi_a2a_item_bytes(p, it);
-    slices sl;
-    if (slices_strided(p, it, &sl)) { /* no replicas to sum: see slices_strided */
-        cp_xfer x = cpi_group_xfer(p->g);
-        return cpi_all_to_all_2d(p->a2a_comm, &x, send, block, sl.width, it->tensor->p, sl.step, sl.pitch,
-                                 sl.width, sl.rows);
-    }
     CPI_TRY(exchange(p, send, recv, block));
     const int rep = it->kv && p->d.num_kv_heads < p->A ? p->A / p->d.num_kv_heads : 1;
     for (int m = 0; m < p->A; m += rep) {

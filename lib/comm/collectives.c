@@ -3,6 +3,7 @@
  * the library moves data through these: they validate what one rank can
  * validate alone (the transports compare ranks with each other), then
  * dispatch to the transport. */
+#include <stddef.h>
 #include <stdint.h>
 
 #include "comm/group.h"
@@ -103,24 +104,32 @@ bool cpi_comm_has_all_to_all_2d(const cp_comm *c)
     return c && c->ops == &cpi_local_transport;
 }
 
-/* The bytes from the first to the last byte of n blocks of rows rows, or
- * false on overflow. */
-static bool strided_extent(int n, size_t step, size_t pitch, size_t width, size_t rows, size_t *out)
+/* The bytes that n blocks of rows rows span: the lowest block starts lo
+ * bytes from the base (lo <= 0), and len bytes follow from there; false
+ * on overflow. */
+static bool strided_extent(int n, ptrdiff_t step, size_t pitch, size_t width, size_t rows, ptrdiff_t *lo,
+                           size_t *len)
 {
-    size_t a, b;
-    if (!width || !rows) {
-        *out = 0;
+    *lo = 0;
+    *len = 0;
+    if (!width || !rows)
         return true;
-    }
-    return cpi_mul((size_t)(n - 1), step, &a) && cpi_mul(rows - 1, pitch, &b) && a <= SIZE_MAX - b &&
-           a + b <= SIZE_MAX - width && ((*out = a + b + width), true);
+    const size_t mag = step < 0 ? (size_t)0 - (size_t)step : (size_t)step;
+    size_t span, body;
+    if (!cpi_mul((size_t)(n - 1), mag, &span) || span > (size_t)PTRDIFF_MAX || !cpi_mul(rows - 1, pitch, &body) ||
+        body > SIZE_MAX - width || span > SIZE_MAX - (body + width))
+        return false;
+    *lo = step < 0 ? -(ptrdiff_t)span : 0;
+    *len = span + body + width;
+    return true;
 }
 
-cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, size_t send_step, size_t send_pitch,
-                            void *recv, size_t recv_step, size_t recv_pitch, size_t width, size_t rows)
+cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, ptrdiff_t send_step, size_t send_pitch,
+                            void *recv, ptrdiff_t recv_step, size_t recv_pitch, size_t width, size_t rows)
 {
     static const char name[] = "all_to_all_2d";
-    size_t sext, rext;
+    ptrdiff_t slo, rlo;
+    size_t slen, rlen;
     CPI_TRY(check_comm(name, c, x));
     if (!cpi_comm_has_all_to_all_2d(c))
         return cpi_error(CP_ERROR_UNSUPPORTED, "%s: transport %s does not read strided blocks in place", name,
@@ -129,13 +138,14 @@ cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, size
               width);
     CPI_CHECK(rows <= 1 || recv_pitch >= width, "%s: recv_pitch = %zu is less than width = %zu", name, recv_pitch,
               width);
-    CPI_CHECK(strided_extent(c->size, send_step, send_pitch, width, rows, &sext) &&
-                  strided_extent(c->size, recv_step, recv_pitch, width, rows, &rext),
+    CPI_CHECK(strided_extent(c->size, send_step, send_pitch, width, rows, &slo, &slen) &&
+                  strided_extent(c->size, recv_step, recv_pitch, width, rows, &rlo, &rlen),
               "%s: %d blocks of %zu rows of %zu bytes overflow size_t", name, c->size, rows, width);
-    CPI_TRY(check_buffer(name, "send", send, sext));
-    CPI_TRY(check_buffer(name, "recv", recv, rext));
-    CPI_CHECK(!overlap(send, sext, recv, rext), "%s: send %p (%zu bytes) and recv %p (%zu bytes) overlap", name,
-              send, sext, recv, rext);
+    CPI_TRY(check_buffer(name, "send", send, slen));
+    CPI_TRY(check_buffer(name, "recv", recv, rlen));
+    const char *s0 = slen ? (const char *)send + slo : NULL, *r0 = rlen ? (const char *)recv + rlo : NULL;
+    CPI_CHECK(!overlap(s0, slen, r0, rlen), "%s: send %p (%zu bytes from %p) and recv %p (%zu bytes from %p) overlap",
+              name, send, slen, (const void *)s0, recv, rlen, (const void *)r0);
     cp_xfer r = cpi_xfer_resolve(x);
     return cpi_local_all_to_all_2d(c->impl, &r, send, send_step, send_pitch, recv, recv_step, recv_pitch, width,
                                    rows);

@@ -27,8 +27,8 @@ extern const cp_transport_ops cpi_local_transport;
 
 /* all_to_all of strided blocks on the local transport (impl: its instance);
  * see cpi_all_to_all_2d. */
-cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *x, const void *send, size_t send_step,
-                                  size_t send_pitch, void *recv, size_t recv_step, size_t recv_pitch, size_t width,
+cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *x, const void *send, ptrdiff_t send_step,
+                                  size_t send_pitch, void *recv, ptrdiff_t recv_step, size_t recv_pitch, size_t width,
                                   size_t rows);
 
 /* Default wait for peers where no group supplies one (CP_GROUP_CONFIG_INIT). */

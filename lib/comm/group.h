@@ -30,14 +30,15 @@ cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *r
  * all_to_all of strided blocks, without packing them first: block j of this
  * rank's send is `rows` rows of `width` bytes, the first at send + j *
  * send_step, the others send_pitch apart; what rank i sends this rank lands
- * at recv + i * recv_step, rows recv_pitch apart. Only transports that can
- * read their peers' memory in place do it (cpi_comm_has_all_to_all_2d: the
- * local transport); the others answer CP_ERROR_UNSUPPORTED, and callers
- * pack blocks for cpi_all_to_all instead.
+ * at recv + i * recv_step, rows recv_pitch apart. Steps may be negative
+ * (blocks in reverse rank order). Only transports that can read their
+ * peers' memory in place do it (cpi_comm_has_all_to_all_2d: the local
+ * transport); the others answer CP_ERROR_UNSUPPORTED, and callers pack
+ * blocks for cpi_all_to_all instead.
  */
 bool cpi_comm_has_all_to_all_2d(const cp_comm *c);
-cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, size_t send_step, size_t send_pitch,
-                            void *recv, size_t recv_step, size_t recv_pitch, size_t width, size_t rows);
+cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, ptrdiff_t send_step, size_t send_pitch,
+                            void *recv, ptrdiff_t recv_step, size_t recv_pitch, size_t width, size_t rows);
 cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
                        void *recv, size_t recv_bytes, int src);
 cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,

@@ -72,7 +72,7 @@ struct world {
     uint64_t *waiting;  /* gen + 1 while the rank waits in rendezvous gen */
     cpi_call *calls;    /* the call each rank entered */
     const void **sends; /* its send buffer */
-    size_t *steps;      /* all_to_all_2d: its send blocks' spacing */
+    ptrdiff_t *steps;   /* all_to_all_2d: its send blocks' spacing */
     size_t *pitches;    /* all_to_all_2d: its send rows' spacing */
     int32_t *done;      /* its status at departure */
     world **made;       /* split: the new world its members share */
@@ -436,8 +436,8 @@ static cp_status local_all_to_all(void *impl, const cp_xfer *xin, const void *se
     return leave(c, &x, s);
 }
 
-cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *xin, const void *send, size_t send_step,
-                                  size_t send_pitch, void *recv, size_t recv_step, size_t recv_pitch, size_t width,
+cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *xin, const void *send, ptrdiff_t send_step,
+                                  size_t send_pitch, void *recv, ptrdiff_t recv_step, size_t recv_pitch, size_t width,
                                   size_t rows)
 {
     local_comm *c = impl;
@@ -453,8 +453,8 @@ cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *xin, const void *se
     cp_status s = CP_SUCCESS;
     for (int j = 0; j < c->w->size && s == CP_SUCCESS && width && rows; j++)
         if ((s = reading(c, j)) == CP_SUCCESS)
-            s = x.backend->copy_2d(x.backend_state, (char *)recv + (size_t)j * recv_step, recv_pitch,
-                                   (const char *)c->w->sends[j] + (size_t)c->rank * c->w->steps[j],
+            s = x.backend->copy_2d(x.backend_state, (char *)recv + (ptrdiff_t)j * recv_step, recv_pitch,
+                                   (const char *)c->w->sends[j] + (ptrdiff_t)c->rank * c->w->steps[j],
                                    c->w->pitches[j], width, rows, kind);
     return leave(c, &x, s);
 }
