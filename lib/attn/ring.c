@@ -324,9 +324,7 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         ((s = rs_select(&rs, STREAM_COMM)) || (s = shift(p, 1, k, KV_OUT(0), &b.k[0], KV_IN(0))) ||
          (s = shift(p, 1, v, KV_OUT(0), &b.v[0], KV_IN(0))) || (s = rs_mark(&rs, &kv_here))))
         return rs_end(&rs, s);
-    if (s == CP_SUCCESS &&
-        ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = cpi_zero(p, dq32)) ||
-         (s = zero_rest(p, cdk, WANT(0), (rows){ 0, 0 })) || (s = zero_rest(p, cdv, WANT(0), (rows){ 0, 0 }))))
+    if (s == CP_SUCCESS && ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = cpi_zero(p, dq32))))
         return rs_end(&rs, s);
     for (int step = 0; step < R && s == CP_SUCCESS; step++) {
         const int own = step == R - 1;
@@ -334,7 +332,14 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         cpi_block_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[m], .tk = &p->sub[BLOCK(step)], .lse = lse,
                             .o = o, .dout = dout, .dq32 = dq32, .dk32 = cdk, .dv32 = cdv, .drow = drow,
                             .drow_ready = p->drow_ready, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
+        /* the rows of the accumulator that this step adds to but that did
+         * not travel are cleared here, not on the comm stream: a memset is
+         * a kernel, and one queued there would wait for SMs (the previous
+         * step's kernel may hold all of them) and hold back the transfers
+         * queued behind it */
+        const rows have = step == 0 ? (rows){ 0, 0 } : HAVE(step);
         if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, kv_here)) || (s = rs_wait(&rs, acc_here)) ||
+            (s = zero_rest(p, cdk, WANT(step), have)) || (s = zero_rest(p, cdv, WANT(step), have)) ||
             (s = cpi_attend(p, &io, 1)) || (s = rs_mark(&rs, &done)))
             break;
         if (own)
@@ -353,9 +358,9 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
          * incoming one holds the sums of the members it visited (on the
          * last hop: those of every other member, in dk32 / dv32) */
         const cpi_tensor *ndk = cdk == dk32 ? &b.dk : dk32, *ndv = cdv == dv32 ? &b.dv : dv32;
-        const rows out = WANT(step), in = HAVE(step + 1), want = WANT(step + 1);
+        const rows out = WANT(step), in = HAVE(step + 1);
         if ((s = rs_wait(&rs, done)) || (s = shift(p, 1, cdk, out, ndk, in)) || (s = shift(p, 1, cdv, out, ndv, in)) ||
-            (s = zero_rest(p, ndk, want, in)) || (s = zero_rest(p, ndv, want, in)) || (s = rs_mark(&rs, &acc_here)))
+            (s = rs_mark(&rs, &acc_here)))
             break;
         cdk = ndk;
         cdv = ndv;
