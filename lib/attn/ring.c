@@ -336,10 +336,9 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
          * not travel are cleared here, not on the comm stream: a memset is
          * a kernel, and one queued there would wait for SMs (the previous
          * step's kernel may hold all of them) and hold back the transfers
-         * queued behind it */
-        const rows have = step == 0 ? (rows){ 0, 0 } : HAVE(step);
+         * queued behind it (at step 0 no row travelled: HAVE(0) is empty) */
         if ((s = rs_select(&rs, STREAM_COMPUTE)) || (s = rs_wait(&rs, kv_here)) || (s = rs_wait(&rs, acc_here)) ||
-            (s = zero_rest(p, cdk, WANT(step), have)) || (s = zero_rest(p, cdv, WANT(step), have)) ||
+            (s = zero_rest(p, cdk, WANT(step), HAVE(step))) || (s = zero_rest(p, cdv, WANT(step), HAVE(step))) ||
             (s = cpi_attend(p, &io, 1)) || (s = rs_mark(&rs, &done)))
             break;
         if (own)

@@ -83,9 +83,9 @@ bool cpi_call_agree(const cpi_call *all, int n, char *why, size_t cap)
             return false;
         }
         if (c->size != r->size) {
-            snprintf(why, cap, "%s: rank 0 passed %s = %llu, rank %d passed %llu", cpi_call_name(r->kind),
-                     r->dtype >= 0 ? "count" : r->kind == CPI_CALL_ALL_TO_ALL_2D ? "width" : "bytes", (unsigned long long)r->size, i,
-                     (unsigned long long)c->size);
+            const char *what = r->dtype >= 0 ? "count" : r->kind == CPI_CALL_ALL_TO_ALL_2D ? "width" : "bytes";
+            snprintf(why, cap, "%s: rank 0 passed %s = %llu, rank %d passed %llu", cpi_call_name(r->kind), what,
+                     (unsigned long long)r->size, i, (unsigned long long)c->size);
             return false;
         }
         if (r->kind == CPI_CALL_ALL_TO_ALL_2D && c->recv != r->recv) {

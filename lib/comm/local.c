@@ -149,8 +149,8 @@ static world *world_create(int size, int alive)
     w->copied = cpi_calloc((size_t)size, sizeof *w->copied);
     const char *env = getenv("INFINICP_LOCAL_HOST_SYNC");
     w->host_sync = env && !strcmp(env, "1");
-    if (!w->waiting || !w->calls || !w->sends || !w->steps || !w->pitches || !w->done || !w->made || !w->ops || !w->ready || !w->copied ||
-        !init_sync(w)) {
+    if (!w->waiting || !w->calls || !w->sends || !w->steps || !w->pitches || !w->done || !w->made || !w->ops ||
+        !w->ready || !w->copied || !init_sync(w)) {
         world_free_arrays(w);
         cpi_error(CP_ERROR_OUT_OF_MEMORY, "local transport: cannot create a world of %d ranks", size);
         return NULL;
@@ -401,12 +401,18 @@ static cp_status enter(local_comm *c, const cp_xfer *x, cpi_call call, const voi
 }
 
 /* A copy between two buffers on (or reachable from) this rank's device. */
-static cp_status copy(const cp_xfer *x, void *dst, const void *src, size_t bytes)
+static cp_status copy_rows(const cp_xfer *x, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                           size_t rows)
 {
-    if (!bytes || dst == src)
+    if (!width || !rows || (dst == src && dpitch == spitch))
         return CP_SUCCESS;
     cp_copy_kind kind = x->backend->device == CP_DEVICE_CPU ? CP_COPY_HOST_TO_HOST : CP_COPY_DEVICE_TO_DEVICE;
-    return x->backend->copy_2d(x->backend_state, dst, bytes, src, bytes, bytes, 1, kind);
+    return x->backend->copy_2d(x->backend_state, dst, dpitch, src, spitch, width, rows, kind);
+}
+
+static cp_status copy(const cp_xfer *x, void *dst, const void *src, size_t bytes)
+{
+    return copy_rows(x, dst, bytes, src, bytes, bytes, 1);
 }
 
 /* ---- the collectives ---------------------------------------------------- */
@@ -449,13 +455,12 @@ cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *xin, const void *se
     c->w->steps[c->rank] = send_step;
     c->w->pitches[c->rank] = send_pitch;
     CPI_TRY(enter(c, &x, call, send, x.timeout_ms, true));
-    const cp_copy_kind kind = x.backend->device == CP_DEVICE_CPU ? CP_COPY_HOST_TO_HOST : CP_COPY_DEVICE_TO_DEVICE;
     cp_status s = CP_SUCCESS;
     for (int j = 0; j < c->w->size && s == CP_SUCCESS && width && rows; j++)
         if ((s = reading(c, j)) == CP_SUCCESS)
-            s = x.backend->copy_2d(x.backend_state, (char *)recv + (ptrdiff_t)j * recv_step, recv_pitch,
-                                   (const char *)c->w->sends[j] + (ptrdiff_t)c->rank * c->w->steps[j],
-                                   c->w->pitches[j], width, rows, kind);
+            s = copy_rows(&x, (char *)recv + (ptrdiff_t)j * recv_step, recv_pitch,
+                          (const char *)c->w->sends[j] + (ptrdiff_t)c->rank * c->w->steps[j], c->w->pitches[j], width,
+                          rows);
     return leave(c, &x, s);
 }
 
