@@ -19,4 +19,37 @@ cp_attn_desc cprun_desc(const cpref_shape *sh, cp_dtype dtype, cp_format format,
 cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, const cp_attn_desc *desc, int P,
                      int rank, int own_workspace, cpref_result *into, const char **what);
 
+/* The device every rank of a CP test run uses: the CPU, or CUDA device 0 in
+ * the GPU builds of the suites (compiled with -DCPRUN_CUDA). */
+extern const cp_device cprun_device;
+
+/* One CP run of the tests: which mode, layout, dtype and format, on how many
+ * ranks, and how the CP group sits in its world. */
+typedef struct cprun_cfg {
+    cp_mode mode;
+    cp_layout layout;
+    cp_dtype dtype;
+    cp_format format;
+    int P, A;
+    int strided;  /* CP groups split from a world with tp = 2: world ranks {t, t+2, t+4, ...} */
+    int permuted; /* CP rank order reversed against world rank order */
+} cprun_cfg;
+
+typedef struct cprun_out {
+    cpref_result g;        /* global results, FP64 */
+    size_t ws_fwd, ws_bwd; /* of CP rank 0 */
+    cp_status status;
+    char error[512];       /* the first failure: world rank, call, cp_last_error() */
+} cprun_out;
+
+/*
+ * Run CP attention forward and backward on d's inputs with c->P ranks (2 *
+ * c->P world ranks when strided), each a thread with its own context on
+ * cprun_device, over the in-process transport, and gather the results into
+ * o->g (allocated here: free with cprun_out_free, also after a failure).
+ * Returns the first failure's status (o->error says where).
+ */
+cp_status cprun_world(const cpref_data *d, const cprun_cfg *c, cprun_out *o);
+void cprun_out_free(cprun_out *o);
+
 #endif

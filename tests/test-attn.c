@@ -24,157 +24,13 @@
 #include "cprun.h"
 #include "testutil.h"
 
-/* CPU, or CUDA for the GPU build of this suite (test-gpu-attn): every rank
- * a thread with its own context on device 0, all sharing the one GPU. */
-#ifdef CPRUN_CUDA
-static const cp_device test_device = CP_DEVICE_CUDA;
-#else
-static const cp_device test_device = CP_DEVICE_CPU;
-#endif
-
-typedef struct run_cfg {
-    cp_mode mode;
-    cp_layout layout;
-    cp_dtype dtype;
-    cp_format format;
-    int P, A;
-    int strided;  /* CP groups split from a world with tp = 2: world ranks {t, t+2, t+4, ...} */
-    int permuted; /* CP rank order reversed against world rank order */
-} run_cfg;
-
-typedef struct run_out {
-    cpref_result g;        /* global results, FP64 */
-    size_t ws_fwd, ws_bwd; /* of CP rank 0 */
-    cp_status status;
-    char error[512];
-} run_out;
-
-typedef struct rank_job {
-    const cpref_data *d;
-    const run_cfg *c;
-    run_out *o;
-    cp_comm *world;
-    int world_rank;
-    pthread_mutex_t *lock;
-} rank_job;
-
-static void record(rank_job *j, cp_status s, const char *what)
-{
-    pthread_mutex_lock(j->lock);
-    if (j->o->status == CP_SUCCESS && s != CP_SUCCESS) {
-        j->o->status = s;
-        snprintf(j->o->error, sizeof j->o->error, "world rank %d: %s: %s", j->world_rank, what, cp_last_error());
-    }
-    pthread_mutex_unlock(j->lock);
-}
-
-static void *rank_main(void *arg)
-{
-    rank_job *j = arg;
-    const cpref_data *d = j->d;
-    const cpref_shape *sh = &d->sh;
-    const run_cfg *c = j->c;
-    cp_context *ctx = NULL;
-    cp_comm *cpc = NULL, *split = NULL;
-    cp_group *g = NULL;
-    cp_attn_plan *plan = NULL;
-
-    cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
-    cc.num_threads = 1;
-    cc.device = test_device;
-    cp_status s = cp_context_create(&cc, &ctx);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_context_create");
-        goto out;
-    }
-    cpc = j->world;
-    int color = 0;
-    if (c->strided || c->permuted) {
-        color = c->strided ? j->world_rank % 2 : 0;
-        int key = c->permuted ? -j->world_rank : j->world_rank;
-        s = cp_comm_split(j->world, color, key, &split);
-        if (s != CP_SUCCESS) {
-            record(j, s, "cp_comm_split");
-            goto out;
-        }
-        cpc = split;
-    }
-    cp_group_config gc = CP_GROUP_CONFIG_INIT;
-    gc.a2a_size = c->A;
-    gc.timeout_ms = 60000;
-    s = cp_group_create(ctx, cpc, &gc, &g);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_group_create");
-        goto out;
-    }
-    int r = -1, P = 0;
-    cp_group_rank(g, &r);
-    cp_group_size(g, &P);
-
-    cp_attn_desc desc = cprun_desc(sh, c->dtype, c->format, c->layout, c->mode);
-    s = cp_attn_plan_create(g, &desc, &plan);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_attn_plan_create");
-        goto out;
-    }
-    if (r == 0 && color == 0)
-        cp_attn_workspace_size(plan, &j->o->ws_fwd, &j->o->ws_bwd);
-    /* The library's own workspace on some ranks, the caller's on others. */
-    const char *what = "";
-    s = cprun_rank(ctx, plan, d, &desc, P, r, (r + (int)c->mode) % 2, color == 0 ? &j->o->g : NULL, &what);
-    if (s != CP_SUCCESS)
-        record(j, s, what);
-out:
-    cp_attn_plan_destroy(plan);
-    cp_group_destroy(g);
-    cp_comm_destroy(split);
-    cp_comm_destroy(j->world);
-    cp_context_destroy(ctx);
-    return NULL;
-}
-
-static void out_alloc(run_out *o, const cpref_shape *sh)
-{
-    memset(o, 0, sizeof *o);
-    cpref_result_alloc(&o->g, sh);
-}
-
-static void out_free(run_out *o)
-{
-    cpref_result_free(&o->g);
-}
-
-/* Run CP attention with c->P ranks (2 * c->P world ranks when strided). */
-static cp_status run_cp(const cpref_data *d, const run_cfg *c, run_out *o)
-{
-    out_alloc(o, &d->sh);
-    const int world = c->strided ? 2 * c->P : c->P;
-    cp_comm *comms[16];
-    cp_status s = cp_comm_create_local(world, comms);
-    if (s != CP_SUCCESS) {
-        o->status = s;
-        snprintf(o->error, sizeof o->error, "cp_comm_create_local: %s", cp_last_error());
-        return s;
-    }
-    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    rank_job jobs[16];
-    pthread_t th[16];
-    for (int w = 0; w < world; w++) {
-        jobs[w] = (rank_job){ d, c, o, comms[w], w, &lock };
-        assert_int_equal(pthread_create(&th[w], NULL, rank_main, &jobs[w]), 0);
-    }
-    for (int w = 0; w < world; w++)
-        pthread_join(th[w], NULL);
-    return o->status;
-}
-
 /* The five relative RMS errors of a run against the FP64 reference. */
 typedef struct errs {
     double e[5];
 } errs;
 #define err_names cpref_error_names
 
-static errs errors(const cpref_data *d, const run_out *o)
+static errs errors(const cpref_data *d, const cprun_out *o)
 {
     errs r;
     cpref_errors(d, &o->g, r.e);
@@ -208,14 +64,14 @@ static double worst_ratio[3][5];
 static const char *dtype_names[] = { "F32", "F16", "BF16", "F64" };
 
 /* One shape, one dtype, one layout: CP=1 then every P in `sizes`. */
-static void check_cp(const cpref_data *d, run_cfg base, const int *sizes, int nsizes, int hybrid_all)
+static void check_cp(const cpref_data *d, cprun_cfg base, const int *sizes, int nsizes, int hybrid_all)
 {
-    run_cfg one = base;
+    cprun_cfg one = base;
     one.P = 1;
     one.A = 1;
     one.strided = one.permuted = 0;
-    run_out o1;
-    cp_status s = run_cp(d, &one, &o1);
+    cprun_out o1;
+    cp_status s = cprun_world(d, &one, &o1);
     if (s != CP_SUCCESS)
         fail_msg("CP=1 %s: %s", mode_names[base.mode], o1.error);
     errs e1 = errors(d, &o1);
@@ -223,14 +79,14 @@ static void check_cp(const cpref_data *d, run_cfg base, const int *sizes, int ns
         if (!(e1.e[i] <= cp1_bound(base.dtype)))
             fail_msg("CP=1 %s %s %s: %s error %.3g above %.3g", mode_names[base.mode], dtype_names[base.dtype],
                      base.layout ? "zigzag" : "contiguous", err_names[i], e1.e[i], cp1_bound(base.dtype));
-    out_free(&o1);
+    cprun_out_free(&o1);
 
     for (int si = 0; si < nsizes; si++) {
         const int P = sizes[si];
         for (int A = 1; A <= P; A++) {
             if (P % A)
                 continue;
-            run_cfg c = base;
+            cprun_cfg c = base;
             c.P = P;
             c.A = base.mode == CP_MODE_A2A_P2P ? A : 1;
             if (base.mode != CP_MODE_A2A_P2P && A > 1)
@@ -242,13 +98,13 @@ static void check_cp(const cpref_data *d, run_cfg base, const int *sizes, int ns
             const int heads_split = base.mode == CP_MODE_A2A ? P : c.A;
             const int unsupported = d->sh.H % heads_split ||
                                     (d->sh.Hkv % heads_split && heads_split % d->sh.Hkv);
-            run_out o;
-            s = run_cp(d, &c, &o);
+            cprun_out o;
+            s = cprun_world(d, &c, &o);
             if (unsupported) {
                 if (s != CP_ERROR_UNSUPPORTED)
                     fail_msg("%s P=%d A=%d with %d/%d heads: expected CP_ERROR_UNSUPPORTED, got %d (%s)",
                              mode_names[c.mode], P, c.A, d->sh.H, d->sh.Hkv, (int)s, o.error);
-                out_free(&o);
+                cprun_out_free(&o);
                 continue;
             }
             if (s != CP_SUCCESS)
@@ -266,7 +122,7 @@ static void check_cp(const cpref_data *d, run_cfg base, const int *sizes, int ns
                              c.format ? "SBHD" : "BSHD", d->sh.Hkv, c.strided ? " strided" : "",
                              c.permuted ? " permuted" : "", err_names[i], eP.e[i], e1.e[i], eP.e[i] / e1.e[i]);
             }
-            out_free(&o);
+            cprun_out_free(&o);
         }
     }
 }
@@ -285,7 +141,7 @@ static void matrix(cp_mode mode, int hybrid_all)
                     sh.scale = 1.0 / sqrt((double)sh.D);
                     cpref_data d;
                     cpref_make(&d, &sh, dtypes[ti], 1000 + (uint64_t)idx * 7919 + (uint64_t)mode, 2.0);
-                    run_cfg base = { mode, (cp_layout)layout, dtypes[ti], idx % 2 ? CP_FORMAT_SBHD : CP_FORMAT_BSHD,
+                    cprun_cfg base = { mode, (cp_layout)layout, dtypes[ti], idx % 2 ? CP_FORMAT_SBHD : CP_FORMAT_BSHD,
                                      1, 1, 0, 0 };
                     check_cp(&d, base, sizes, 4, hybrid_all);
                     cpref_free(&d);
@@ -336,7 +192,7 @@ static void test_a2a_replicated_kv_heads(void **state)
             sh.scale = 0.3;
             cpref_data d;
             cpref_make(&d, &sh, CP_DTYPE_F32, 77 + (uint64_t)hkv, 2.0);
-            run_cfg base = { CP_MODE_A2A, (cp_layout)layout, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
+            cprun_cfg base = { CP_MODE_A2A, (cp_layout)layout, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
             check_cp(&d, base, sizes, 2, 0);
             base.mode = CP_MODE_A2A_P2P;
             check_cp(&d, base, sizes, 2, 1);
@@ -355,24 +211,24 @@ static void test_strided_and_permuted_groups(void **state)
     cpref_make(&d, &sh, CP_DTYPE_F32, 4242, 2.0);
     for (int mode = 0; mode < 4; mode++)
         for (int variant = 1; variant <= 3; variant++) {
-            run_cfg base = { (cp_mode)mode, CP_LAYOUT_ZIGZAG, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
-            run_out o1, o;
+            cprun_cfg base = { (cp_mode)mode, CP_LAYOUT_ZIGZAG, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
+            cprun_out o1, o;
             base.P = 1;
-            assert_int_equal(run_cp(&d, &base, &o1), CP_SUCCESS);
-            run_cfg c = base;
+            assert_int_equal(cprun_world(&d, &base, &o1), CP_SUCCESS);
+            cprun_cfg c = base;
             c.P = 4;
             c.A = mode == CP_MODE_A2A_P2P ? 2 : 1;
             c.strided = variant & 1;
             c.permuted = variant >> 1;
-            if (run_cp(&d, &c, &o) != CP_SUCCESS)
+            if (cprun_world(&d, &c, &o) != CP_SUCCESS)
                 fail_msg("%s strided=%d permuted=%d: %s", mode_names[mode], c.strided, c.permuted, o.error);
             errs e1 = errors(&d, &o1), eP = errors(&d, &o);
             for (int i = 0; i < 5; i++)
                 if (!(eP.e[i] <= 1.25 * e1.e[i] + 1e-9))
                     fail_msg("%s strided=%d permuted=%d: %s error %.3g vs %.3g at CP=1", mode_names[mode],
                              c.strided, c.permuted, err_names[i], eP.e[i], e1.e[i]);
-            out_free(&o1);
-            out_free(&o);
+            cprun_out_free(&o1);
+            cprun_out_free(&o);
         }
     cpref_free(&d);
 }
@@ -607,9 +463,9 @@ static void test_bad_arguments(void **state)
 
 int main(void)
 {
-    if (test_device != CP_DEVICE_CPU) {
+    if (cprun_device != CP_DEVICE_CPU) {
         cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
-        cc.device = test_device;
+        cc.device = cprun_device;
         cp_context *ctx = NULL;
         cp_status s = cp_context_create(&cc, &ctx);
         cp_context_destroy(ctx);

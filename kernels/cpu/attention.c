@@ -15,6 +15,18 @@
  * gets O = 0 and LSE = -inf, and such rows / blocks contribute exactly nothing
  * when accumulated; no NaN is formed on the way.
  *
+ * Non-finite inputs propagate as in exact arithmetic (DESIGN.md 5): a NaN
+ * score, or +inf (whose softmax is inf / inf), makes its row's O and LSE NaN
+ * (never the O = 0 / LSE = -inf of a row that sees no key, which a merge
+ * would drop). A score of -inf weighs exactly 0, as a masked key does; a row
+ * whose scores are all -inf is treated as one that sees no key, the same in
+ * every block, so the answer does not depend on how CP cut the keys. Masked
+ * pairs inside a tile enter the GEMMs as exact zeros, and 0 * NaN = NaN
+ * would carry a non-finite element of V, dO, Q or K to rows that do not see
+ * it; so such elements (found when a tile is loaded; rare) are zeroed in the
+ * tile and their terms added afterwards to exactly the rows that see them
+ * (fwd_fix_values, bwd_fix). Finite inputs take none of this.
+ *
  * Forward: one work unit per (batch, head, tile of FWD_BQ query rows); each
  * streams the visible key tiles of FWD_BK rows through an online softmax.
  * Units are handed out dynamically (an atomic counter), most expensive first;
@@ -257,6 +269,55 @@ static void fwd_mask(const problem *p, float *st, int nk, ptrdiff_t lds, int nco
     }
 }
 
+/* Is key j (block row) visible to query i (block row)? */
+static inline int sees(const problem *p, int64_t i, int64_t j)
+{
+    return !p->causal || j <= i + p->delta;
+}
+
+/* Zero the inf and NaN elements of a loaded tile (rows of n floats, pitch
+ * ld) and list the rows that held any in bad[]; returns how many. Finite
+ * elements stay, so every output a non-finite element does not reach keeps
+ * the bits it has without it. */
+static int take_nonfinite(const cpi_tile_ops *t, float *tile, int rows, int n, ptrdiff_t ld, int *bad)
+{
+    int nbad = 0;
+    for (int r = 0; r < rows; r++) {
+        float *x = tile + r * ld;
+        if (t->all_finite(x, (size_t)n))
+            continue;
+        for (int e = 0; e < n; e++)
+            if (!isfinite(x[e]))
+                x[e] = 0;
+        bad[nbad++] = r;
+    }
+    return nbad;
+}
+
+/* dst[e] += w * x[e] for the non-finite x[e], e < n: the terms of a GEMM
+ * that take_nonfinite held back, added by hand where the pair is visible. */
+static inline void add_nonfinite(float *dst, float w, const float *x, int n)
+{
+    for (int e = 0; e < n; e++)
+        if (!isfinite(x[e]))
+            dst[e] += w * x[e];
+}
+
+/* The forward's P V for the non-finite value rows zeroed in the tile: row j
+ * adds p * v_j to the query columns [c0, nq) that see key k0 + j. */
+static void fwd_fix_values(const problem *p, fwd_tiles *f, int64_t b, int kvh, int64_t i0, int64_t k0,
+                           int c0, int nq, const int *bad, int nbad)
+{
+    const int dv16 = (int)cpi_pad16(p->Dv), bq16 = (int)cpi_pad16(FWD_BQ);
+    for (int n = 0; n < nbad; n++) {
+        int j = bad[n];
+        p->t->load(f->row, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)p->Dv, (size_t)p->Dv, 1.0f);
+        for (int i = c0; i < nq; i++)
+            if (sees(p, i0 + i, k0 + j))
+                add_nonfinite(f->o + (size_t)i * dv16, f->st[(size_t)j * bq16 + i], f->row, p->Dv);
+    }
+}
+
 static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i0)
 {
     const cpi_tile_ops *t = p->t;
@@ -290,6 +351,8 @@ static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i
             t->load(f->vp + (size_t)j * dv16, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)Dv,
                     (size_t)dv16, 1.0f);
         }
+        int bad[FWD_BK];
+        int nbad = take_nonfinite(t, f->vp, nk, Dv, dv16, bad);
         /* Under the causal mask the query columns before c0 see none of
          * these keys: leave them out of every step (a whole number of
          * vectors, so the tile stays aligned). */
@@ -305,6 +368,8 @@ static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i
         t->softmax_fwd(st, nk, w - c0, bq16, f->m + c0, f->l + c0, f->alpha + c0);
         t->scale_rows(f->o + (size_t)c0 * dv16, nq - c0, dv16, dv16, f->alpha + c0);
         t->gemm(nq - c0, dv16, nk, st, 1, bq16, f->vp, dv16, f->o + (size_t)c0 * dv16, dv16, 1);
+        if (nbad)
+            fwd_fix_values(p, f, b, kvh, i0, k0, c0, nq, bad, nbad);
     }
 
     /* normalise and write out (or merge into the running result) */
@@ -314,13 +379,17 @@ static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i
         float *orow = f->o + (size_t)i * dv16;
         char *dst = row_at(&p->o, b, i0 + i, h);
         float l = f->l[i];
-        /* kept in double until it is stored: a merge then rounds once */
-        double lse_blk = l > 0 ? ((double)f->m[i] + log2((double)l)) * LN2 : -INFINITY;
-        float inv = l > 0 ? 1.0f / l : 0.0f;
+        /* l is NaN after a NaN score (or +inf: inf / inf), and 0 when the
+         * row saw no key or only scores of -inf, which weigh exactly 0:
+         * such a row contributes nothing to a merge. Kept in double until
+         * it is stored: a merge then rounds once */
+        int saw = l != 0; /* true for NaN */
+        double lse_blk = saw ? ((double)f->m[i] + log2((double)l)) * LN2 : -INFINITY;
+        float inv = saw ? 1.0f / l : 0.0f;
         if (!p->accumulate) {
             t->store(dst, p->o.t, orow, (size_t)Dv, inv, 0);
             lse[i] = (float)lse_blk;
-        } else if (l > 0) {
+        } else if (saw) {
             for (int e = 0; e < Dv; e++)
                 orow[e] *= inv;
             cpi_cpu_merge_row(t, dst, p->o.t, &lse[i], lse_lo ? &lse_lo[i] : NULL, orow, lse_blk, Dv, f->row);
@@ -379,6 +448,7 @@ typedef struct {
     float *s;   /* [BQ][BK16] scores, then P */
     float *dp;  /* [BQ][BK16] dP, then dS */
     int *lim;   /* [BQ] visible keys per query row */
+    float *row; /* [max(D, Dv) padded] a non-finite row reloaded (fix_*) */
 } bwd_tiles;
 
 /*
@@ -471,6 +541,7 @@ static void bwd_carve_tiles(carve *c, const problem *p, bwd_tiles *f)
     f->s = carve_take(c, (size_t)BWD_BQ * bk16, sizeof(float));
     f->dp = carve_take(c, (size_t)BWD_BQ * bk16, sizeof(float));
     f->lim = carve_take(c, (size_t)BWD_BQ, sizeof(int));
+    f->row = carve_take(c, (size_t)cpi_pad16(p->D > p->Dv ? p->D : p->Dv), sizeof(float));
 }
 
 static cp_status bwd_layout(const problem *p, const bwd_split *sp, void *base, bwd_job *job, const char *func,
@@ -555,6 +626,43 @@ static void bwd_store_tile(const problem *p, const tview *dst, const float *acc,
                     p->grad_accumulate);
 }
 
+/*
+ * The backward's GEMM terms of the non-finite rows zeroed in the tiles, each
+ * added only where its pair is visible: dV_j += P_ij dO_i and dK_j += dS_ij Q_i
+ * for keys j < lim[i] of a bad query row i, dQ_i += dS_ij K_j for the rows i
+ * that see a bad key row j.
+ */
+typedef struct {
+    int q[BWD_BQ], dout[BWD_BQ], k[BWD_BK]; /* rows zeroed in qp, dop, kp */
+    int nq, ndout, nk;
+} bwd_bad;
+
+static void bwd_fix(const problem *p, bwd_tiles *f, const bwd_bad *bad, int64_t b, int h, int kvh, int64_t i0,
+                    int64_t k0, int nq, int bk16, float *dq_rows)
+{
+    const cpi_tile_ops *t = p->t;
+    const int D = p->D, Dv = p->Dv, d16 = (int)cpi_pad16(D), dv16 = (int)cpi_pad16(Dv);
+    for (int n = 0; n < bad->ndout; n++) {
+        int i = bad->dout[n];
+        t->load(f->row, row_at(&p->dout, b, i0 + i, h), p->dout.t, (size_t)Dv, (size_t)Dv, 1.0f);
+        for (int j = 0; j < f->lim[i]; j++)
+            add_nonfinite(f->dv + (size_t)j * dv16, f->s[(size_t)i * bk16 + j], f->row, Dv);
+    }
+    for (int n = 0; n < bad->nq; n++) {
+        int i = bad->q[n];
+        t->load(f->row, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)D, 1.0f);
+        for (int j = 0; j < f->lim[i]; j++)
+            add_nonfinite(f->dk + (size_t)j * d16, f->dp[(size_t)i * bk16 + j], f->row, D);
+    }
+    for (int n = 0; n < bad->nk; n++) {
+        int j = bad->k[n];
+        t->load(f->row, row_at(&p->k, b, k0 + j, kvh), p->k.t, (size_t)D, (size_t)D, 1.0f);
+        for (int i = 0; i < nq; i++)
+            if (j < f->lim[i])
+                add_nonfinite(dq_rows + (size_t)i * d16, f->dp[(size_t)i * bk16 + j], f->row, D);
+    }
+}
+
 /* dK and dV of key tile kt of (b, kvh), and its share of dQ into dq_slot. */
 static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, int64_t kt, float *dq_slot)
 {
@@ -584,6 +692,9 @@ static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, i
     }
     transpose(f->kt, bk16, f->kp, d16, nk, D);
     transpose(f->vt, bk16, f->dv, dv16, nk, Dv);
+    /* K^T keeps them for the scores; the dQ product gets them by hand */
+    bwd_bad bad;
+    bad.nk = take_nonfinite(t, f->kp, nk, D, d16, bad.k);
     memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
     memset(f->dv, 0, sizeof(float) * (size_t)nk * dv16);
 
@@ -606,10 +717,17 @@ static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, i
             t->gemm(nq, kv16, Dv, f->dop, dv16, 1, f->vt, bk16, f->dp, bk16, 0);
             t->softmax_bwd(f->s, f->dp, nq, kv16, bk16, f->lim, p->c, p->scale, job->lse2 + bh_row + i0,
                            job->drow + bh_row + i0);
+            /* Q and dO have served the scores; the products below get their
+             * non-finite rows by hand */
+            bad.nq = take_nonfinite(t, f->qp, nq, D, d16, bad.q);
+            bad.ndout = take_nonfinite(t, f->dop, nq, Dv, dv16, bad.dout);
             /* dV += P^T dO, dK += dS^T Q, dQ += dS K */
+            float *dq_rows = dq_slot + (bh_row + (size_t)i0) * d16;
             t->gemm(kv, dv16, nq, f->s, 1, bk16, f->dop, dv16, f->dv, dv16, 1);
             t->gemm(kv, d16, nq, f->dp, 1, bk16, f->qp, d16, f->dk, d16, 1);
-            t->gemm(nq, d16, kv, f->dp, bk16, 1, f->kp, d16, dq_slot + (bh_row + (size_t)i0) * d16, d16, 1);
+            t->gemm(nq, d16, kv, f->dp, bk16, 1, f->kp, d16, dq_rows, d16, 1);
+            if (bad.nq || bad.ndout || bad.nk)
+                bwd_fix(p, f, &bad, b, h, kvh, i0, k0, nq, bk16, dq_rows);
         }
     }
     bwd_store_tile(p, &p->dk, f->dk, d16, b, k0, nk, kvh, D);

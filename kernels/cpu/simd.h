@@ -129,16 +129,19 @@ static inline vf vselect(vi mask, vf a, vf b)
 
 /*
  * 2^x for every lane, relative error below 2e-7 for results in the normal
- * range; exactly 0 for x <= -127 (so -inf gives 0, never NaN) and saturated
- * at 2^127 for x >= 127. x = n + f with n = round(x), |f| <= 1/2; 2^f from its
- * Taylor series to degree 6 (truncation error (ln2/2)^7/7! = 1.2e-7), and
- * 2^n by building the exponent field.
+ * range; exactly 0 for x <= -127 (so -inf gives 0) and saturated at 2^127
+ * for x >= 127. A NaN stays NaN: both clamps pass it through (vmax returns
+ * its second operand when either is NaN, and NaN > hi is false), and NaN
+ * times the exponent factor is NaN, so a NaN score is never mistaken for a
+ * masked one. x = n + f with n = round(x), |f| <= 1/2; 2^f from its Taylor
+ * series to degree 6 (truncation error (ln2/2)^7/7! = 1.2e-7), and 2^n by
+ * building the exponent field.
  */
 static inline vf vexp2(vf x)
 {
     const vf lo = vset1(-127.0f), hi = vset1(127.0f);
-    x = vmax(x, lo);
-    x = vselect(x < hi, x, hi); /* min(x, hi) */
+    x = vmax(lo, x);
+    x = vselect(x > hi, hi, x); /* min(x, hi) */
     /* round to nearest: adding 1.5*2^23 leaves n in the low mantissa bits */
     const vf magic = vset1(12582912.0f);
     vf t = x + magic;

@@ -43,7 +43,8 @@ typedef struct cpi_tile_ops {
      * running maximum, l the running sum of 2^(s - m). Updates m and l, writes
      * alpha = 2^(m_old - m_new) (the factor the running output must be scaled
      * by) and replaces S by p = 2^(s - m_new). Columns that have seen no key
-     * keep m = -inf, l = 0 and get p = 0, alpha = 0: no NaN.
+     * (or only scores of -inf) keep m = -inf, l = 0 and get p = 0, alpha = 0.
+     * A NaN score, or +inf (2^(inf - inf)), makes its column's l NaN.
      */
     void (*softmax_fwd)(float *S, int nk, int n16, ptrdiff_t lds, float *m, float *l, float *alpha);
 
@@ -66,6 +67,9 @@ typedef struct cpi_tile_ops {
 
     /* sum of a[i] * b[i] for i < n, in fp32. */
     float (*dot)(const float *a, const float *b, size_t n);
+
+    /* 1 if every x[i], i < n, is finite; 0 if any is an inf or a NaN. */
+    int (*all_finite)(const float *x, size_t n);
 } cpi_tile_ops;
 
 extern const cpi_tile_ops cpi_tile_ops_generic;

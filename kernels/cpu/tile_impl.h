@@ -161,7 +161,9 @@ static void tile_softmax_bwd(float *S, float *dP, int nq, int n16, ptrdiff_t ld,
                 keep[k] = j + k < end ? -1 : 0;
             vf p = vselect(keep, vexp2(vfma(vload(s + j), vc, nl)), vzero());
             vstore(s + j, p);
-            vstore(dp + j, vscale * p * (vload(dp + j) - d));
+            /* selected, not multiplied by p = 0: a hidden lane's dP may be
+             * NaN (a non-finite dO or V row), and 0 * NaN would leak it */
+            vstore(dp + j, vselect(keep, vscale * p * (vload(dp + j) - d), vzero()));
             j += VL;
         }
         for (; j < n16; j += VL) {
@@ -272,6 +274,19 @@ static float tile_dot(const float *a, const float *b, size_t n)
     return s;
 }
 
+static int tile_all_finite(const float *x, size_t n)
+{
+    /* x * 0 is 0 for every finite x and NaN for inf and NaN */
+    vf acc = vzero();
+    size_t i = 0;
+    for (; i + VL <= n; i += VL)
+        acc += vload(x + i) * vzero();
+    float s = vreduce_add(acc);
+    for (; i < n; i++)
+        s += x[i] * 0.0f;
+    return s == 0.0f;
+}
+
 const cpi_tile_ops CPI_TILE_TABLE = {
     .name = CPI_TILE_NAME,
     .gemm = tile_gemm,
@@ -281,4 +296,5 @@ const cpi_tile_ops CPI_TILE_TABLE = {
     .load = tile_load,
     .store = tile_store,
     .dot = tile_dot,
+    .all_finite = tile_all_finite,
 };

@@ -1,0 +1,449 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Non-finite inputs propagate as in exact arithmetic (DESIGN.md section 5):
+ * a NaN or an inf planted in q, k, v or dout reaches exactly the outputs
+ * whose computation includes it, with the class (NaN, +inf, -inf, finite)
+ * that IEEE arithmetic over the visible (query, key) pairs gives; every
+ * other output is bit for bit what the same run gives without the plant.
+ * O = 0 / LSE = -inf stays reserved for rows that see no key.
+ *
+ * Each case runs CP=1 and CP=4 in every mode (a2a+p2p as 2 x 2), so the
+ * kernels, the merges of the ring and all_gather, and the a2a exchanges
+ * are all on the path. The expected pattern comes from an FP64 model of
+ * its own below (IEEE semantics, masked pairs left out of every sum), run
+ * on the clean and on the planted inputs: an output is "touched" iff the
+ * two model results differ. Built twice: for the CPU, and with
+ * -DCPRUN_CUDA for a CUDA device (suite gpu).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <infinicp/infinicp.h>
+
+#include "cpref.h"
+#include "cprun.h"
+
+/* ---- the model --------------------------------------------------------- */
+
+typedef struct model {
+    double *out, *lse, *dq, *dk, *dv;
+} model;
+
+static size_t numel(const cpref_shape *sh, int heads, int dim)
+{
+    return (size_t)sh->B * (size_t)sh->S * (size_t)heads * (size_t)dim;
+}
+
+static void model_alloc(model *m, const cpref_shape *sh)
+{
+    m->out = calloc(numel(sh, sh->H, sh->Dv), sizeof(double));
+    m->lse = calloc(numel(sh, sh->H, 1), sizeof(double));
+    m->dq = calloc(numel(sh, sh->H, sh->D), sizeof(double));
+    m->dk = calloc(numel(sh, sh->Hkv, sh->D), sizeof(double));
+    m->dv = calloc(numel(sh, sh->Hkv, sh->Dv), sizeof(double));
+    assert_true(m->out && m->lse && m->dq && m->dk && m->dv);
+}
+
+static void model_free(model *m)
+{
+    free(m->out);
+    free(m->lse);
+    free(m->dq);
+    free(m->dk);
+    free(m->dv);
+}
+
+/* Row (b, s, h) of a [B][S][heads][dim] tensor. */
+static size_t at(const cpref_shape *sh, int64_t b, int64_t s, int h, int heads, int dim)
+{
+    return (((size_t)b * (size_t)sh->S + (size_t)s) * (size_t)heads + (size_t)h) * (size_t)dim;
+}
+
+static int visible(const cpref_shape *sh, int64_t i, int64_t j)
+{
+    return !sh->causal || j <= i;
+}
+
+/*
+ * Forward and backward in FP64 with IEEE semantics: m is the maximum of the
+ * visible scores (NaN if one is NaN), l = sum exp(s - m), O = sum exp(s - m)
+ * v / l, LSE = m + log l; a row that sees no key, or whose scores are all
+ * -inf (weights of exactly 0), has O = 0, LSE = -inf.
+ * The backward takes the model's own O and LSE: P = exp(s - LSE) (0 where
+ * LSE = -inf),
+ * dS = P (dO.v - rowsum(dO * O)), dV += P dO, dK += scale dS q,
+ * dQ += scale dS k over visible pairs only.
+ */
+static void model_run(const cpref_shape *sh, const double *q, const double *k, const double *v,
+                      const double *dout, model *m)
+{
+    const int G = sh->H / sh->Hkv;
+    const size_t nk = numel(sh, sh->Hkv, sh->D), nv = numel(sh, sh->Hkv, sh->Dv);
+    memset(m->dk, 0, nk * sizeof(double));
+    memset(m->dv, 0, nv * sizeof(double));
+    double *s = malloc((size_t)sh->S * sizeof(double));
+    assert_non_null(s);
+    for (int64_t b = 0; b < sh->B; b++)
+        for (int h = 0; h < sh->H; h++) {
+            const int kvh = h / G;
+            for (int64_t i = 0; i < sh->S; i++) {
+                const double *qi = q + at(sh, b, i, h, sh->H, sh->D);
+                double *oi = m->out + at(sh, b, i, h, sh->H, sh->Dv);
+                double *lse = m->lse + ((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)i;
+                double mx = -INFINITY;
+                int any = 0, nan = 0;
+                for (int64_t j = 0; j < sh->S; j++) {
+                    if (!visible(sh, i, j))
+                        continue;
+                    const double *kj = k + at(sh, b, j, kvh, sh->Hkv, sh->D);
+                    double dot = 0;
+                    for (int e = 0; e < sh->D; e++)
+                        dot += qi[e] * kj[e];
+                    s[j] = sh->scale * dot;
+                    nan |= isnan(s[j]);
+                    mx = s[j] > mx ? s[j] : mx;
+                    any = 1;
+                }
+                /* no key, or only scores of -inf: every weight is exactly 0,
+                 * which the library treats as seeing no key (the same at any
+                 * CP size, however the keys are cut) */
+                if (!any || (!nan && mx == -INFINITY)) {
+                    for (int e = 0; e < sh->Dv; e++)
+                        oi[e] = 0;
+                    *lse = -INFINITY;
+                    continue;
+                }
+                if (nan)
+                    mx = NAN;
+                double l = 0;
+                for (int e = 0; e < sh->Dv; e++)
+                    oi[e] = 0;
+                for (int64_t j = 0; j < sh->S; j++) {
+                    if (!visible(sh, i, j))
+                        continue;
+                    double p = exp(s[j] - mx);
+                    l += p;
+                    const double *vj = v + at(sh, b, j, kvh, sh->Hkv, sh->Dv);
+                    for (int e = 0; e < sh->Dv; e++)
+                        oi[e] += p * vj[e];
+                }
+                for (int e = 0; e < sh->Dv; e++)
+                    oi[e] /= l;
+                *lse = mx + log(l);
+            }
+            for (int64_t i = 0; i < sh->S; i++) {
+                const double *qi = q + at(sh, b, i, h, sh->H, sh->D);
+                const double *oi = m->out + at(sh, b, i, h, sh->H, sh->Dv);
+                const double *doi = dout + at(sh, b, i, h, sh->H, sh->Dv);
+                double *dqi = m->dq + at(sh, b, i, h, sh->H, sh->D);
+                double lse = m->lse[((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)i];
+                double Di = 0;
+                for (int e = 0; e < sh->Dv; e++)
+                    Di += doi[e] * oi[e];
+                for (int e = 0; e < sh->D; e++)
+                    dqi[e] = 0;
+                for (int64_t j = 0; j < sh->S; j++) {
+                    if (!visible(sh, i, j))
+                        continue;
+                    const double *kj = k + at(sh, b, j, kvh, sh->Hkv, sh->D);
+                    const double *vj = v + at(sh, b, j, kvh, sh->Hkv, sh->Dv);
+                    double dot = 0, dp = 0;
+                    for (int e = 0; e < sh->D; e++)
+                        dot += qi[e] * kj[e];
+                    for (int e = 0; e < sh->Dv; e++)
+                        dp += doi[e] * vj[e];
+                    double p = lse == -INFINITY ? 0.0 : exp(sh->scale * dot - lse), ds = p * (dp - Di);
+                    double *dkj = m->dk + at(sh, b, j, kvh, sh->Hkv, sh->D);
+                    double *dvj = m->dv + at(sh, b, j, kvh, sh->Hkv, sh->Dv);
+                    for (int e = 0; e < sh->Dv; e++)
+                        dvj[e] += p * doi[e];
+                    for (int e = 0; e < sh->D; e++) {
+                        dkj[e] += sh->scale * ds * qi[e];
+                        dqi[e] += sh->scale * ds * kj[e];
+                    }
+                }
+            }
+        }
+    free(s);
+}
+
+/* ---- comparing ---------------------------------------------------------- */
+
+enum { FINITE, NOT_A_NUMBER, PLUS_INF, MINUS_INF };
+
+static int value_class(double x)
+{
+    return isnan(x) ? NOT_A_NUMBER : x == INFINITY ? PLUS_INF : x == -INFINITY ? MINUS_INF : FINITE;
+}
+
+static const char *class_name(int c)
+{
+    static const char *n[] = { "finite", "NaN", "+inf", "-inf" };
+    return n[c];
+}
+
+static const char *tensor_names[] = { "out", "lse", "dq", "dk", "dv" };
+
+typedef struct expect {
+    const cpref_shape *sh;
+    const model *clean, *planted; /* the model without and with the plant */
+    cp_dtype dtype;
+    int exact_dq; /* 0 where dQ is summed in no fixed order (CUDA atomics) */
+    const char *what;
+} expect;
+
+static void tensors_of(const cpref_result *r, double *t[5])
+{
+    t[0] = r->out, t[1] = r->lse, t[2] = r->dq, t[3] = r->dk, t[4] = r->dv;
+}
+
+static void tensors_of_model(const model *m, double *t[5])
+{
+    t[0] = m->out, t[1] = m->lse, t[2] = m->dq, t[3] = m->dk, t[4] = m->dv;
+}
+
+static size_t tensor_size(const cpref_shape *sh, int t)
+{
+    switch (t) {
+    case 0: return numel(sh, sh->H, sh->Dv);
+    case 1: return numel(sh, sh->H, 1);
+    case 2: return numel(sh, sh->H, sh->D);
+    case 3: return numel(sh, sh->Hkv, sh->D);
+    default: return numel(sh, sh->Hkv, sh->Dv);
+    }
+}
+
+/* Returns the number of touched non-finite outputs, so a case that plants
+ * nothing visible shows. */
+static size_t check_run(const expect *x, const cpref_result *clean_run, const cpref_result *run)
+{
+    double *ref0[5], *ref[5], *got0[5], *got[5];
+    tensors_of_model(x->clean, ref0);
+    tensors_of_model(x->planted, ref);
+    tensors_of(clean_run, got0);
+    tensors_of(run, got);
+    size_t nonfinite = 0;
+    for (int t = 0; t < 5; t++) {
+        const size_t n = tensor_size(x->sh, t);
+        double scale = 0; /* the largest finite model value, for the tolerance */
+        for (size_t i = 0; i < n; i++)
+            if (isfinite(ref[t][i]) && fabs(ref[t][i]) > scale)
+                scale = fabs(ref[t][i]);
+        const double tol = (x->dtype == CP_DTYPE_F32 ? 1e-4 : x->dtype == CP_DTYPE_F16 ? 1e-2 : 5e-2) * scale;
+        for (size_t i = 0; i < n; i++) {
+            const int touched = !(ref[t][i] == ref0[t][i]);
+            if (!touched) {
+                /* not touched: bit for bit the clean run's value */
+                int same = memcmp(&got[t][i], &got0[t][i], sizeof(double)) == 0;
+                if (!same && t == 2 && !x->exact_dq)
+                    same = fabs(got[t][i] - got0[t][i]) <= 1e-6 * scale;
+                if (!same)
+                    fail_msg("%s: %s[%zu] is not touched by the plant but changed: %.9g, clean run %.9g",
+                             x->what, tensor_names[t], i, got[t][i], got0[t][i]);
+                continue;
+            }
+            const int want = value_class(ref[t][i]), have = value_class(got[t][i]);
+            if (want != have)
+                fail_msg("%s: %s[%zu] is %s (%.9g), the model says %s (%.9g)", x->what, tensor_names[t], i,
+                         class_name(have), got[t][i], class_name(want), ref[t][i]);
+            if (want == FINITE && !(fabs(got[t][i] - ref[t][i]) <= tol))
+                fail_msg("%s: %s[%zu] = %.9g, the model says %.9g (tolerance %.3g)", x->what, tensor_names[t], i,
+                         got[t][i], ref[t][i], tol);
+            nonfinite += want != FINITE;
+        }
+    }
+    return nonfinite;
+}
+
+/* ---- the cases ---------------------------------------------------------- */
+
+typedef struct config {
+    cp_dtype dtype;
+    int causal;
+    cp_layout layout;
+    cp_format format;
+} config;
+
+/* CP=1, then CP=4 in every mode (a2a+p2p as 2 x 2). */
+enum { RUNS = 5 };
+static const char *run_names[RUNS] = { "CP=1", "CP=4 all_gather", "CP=4 p2p", "CP=4 a2a", "CP=4 a2a_p2p" };
+
+static cprun_cfg run_cfg_of(const config *c, int r)
+{
+    cprun_cfg rc = { CP_MODE_P2P, c->layout, c->dtype, c->format, 1, 1, 0, 0 };
+    if (r > 0) {
+        rc.mode = (cp_mode)(r - 1);
+        rc.P = 4;
+        rc.A = rc.mode == CP_MODE_A2A_P2P ? 2 : 1;
+    }
+    return rc;
+}
+
+static void run_or_fail(const cpref_data *d, const cprun_cfg *c, cprun_out *o, const char *what)
+{
+    if (cprun_world(d, c, o) != CP_SUCCESS)
+        fail_msg("%s: %s", what, o->error);
+}
+
+static const char *dtype_name(cp_dtype t)
+{
+    return t == CP_DTYPE_F32 ? "F32" : t == CP_DTYPE_F16 ? "F16" : "BF16";
+}
+
+/*
+ * Planted positions: the first, a middle and the last token of the tiles
+ * of the CPU kernels (96 / 144 keys, 96 / 256 queries) and of the CUDA ones
+ * (64 / 128 rows), and the sequence's ends.
+ */
+static const int64_t positions[] = { 0, 47, 95, 96, 127, 128, 143, 200, 255 };
+enum { NPOS = sizeof positions / sizeof positions[0] };
+
+static void check_config(const config *c, int config_index)
+{
+    cpref_shape sh = { .B = 1, .S = 256, .H = 4, .Hkv = 2, .D = 16, .Dv = 16, .causal = c->causal };
+    sh.scale = 0.25;
+    cpref_data clean;
+    assert_int_equal(cpref_make(&clean, &sh, c->dtype, 900 + (uint64_t)config_index, 1.0), 0);
+    model m0, m1;
+    model_alloc(&m0, &sh);
+    model_alloc(&m1, &sh);
+    model_run(&sh, clean.q, clean.k, clean.v, clean.dout, &m0);
+
+    cprun_out base[RUNS];
+    for (int r = 0; r < RUNS; r++) {
+        cprun_cfg rc = run_cfg_of(c, r);
+        run_or_fail(&clean, &rc, &base[r], run_names[r]);
+    }
+
+    /* q, k, v, dout, each with NaN and +inf (and k with -inf, which hides a
+     * key from the rows whose score it makes -inf), two positions each. */
+    static const double values[] = { NAN, INFINITY, -INFINITY };
+    const int exact_dq = cprun_device == CP_DEVICE_CPU || getenv("INFINICP_DETERMINISTIC") != NULL;
+    for (int tensor = 0; tensor < 4; tensor++)
+        for (int vi = 0; vi < 3; vi++) {
+            if (vi == 2 && tensor != 1)
+                continue;
+            for (int pi = 0; pi < 2; pi++) {
+                const int64_t pos = positions[(config_index * 5 + tensor * 3 + vi + pi * 4) % NPOS];
+                const int heads = tensor == 1 || tensor == 2 ? sh.Hkv : sh.H;
+                const int dim = tensor == 2 || tensor == 3 ? sh.Dv : sh.D;
+                const int head = (int)(pos + (int64_t)tensor) % heads, elem = (int)(pos * 7 + vi) % dim;
+                cpref_data d = clean;
+                double *src[4] = { clean.q, clean.k, clean.v, clean.dout };
+                double *copy[4];
+                for (int t = 0; t < 4; t++) {
+                    const size_t n = numel(&sh, t == 1 || t == 2 ? sh.Hkv : sh.H, t == 2 || t == 3 ? sh.Dv : sh.D);
+                    copy[t] = malloc(n * sizeof(double));
+                    assert_non_null(copy[t]);
+                    memcpy(copy[t], src[t], n * sizeof(double));
+                }
+                copy[tensor][at(&sh, 0, pos, head, heads, dim) + (size_t)elem] = values[vi];
+                d.q = copy[0], d.k = copy[1], d.v = copy[2], d.dout = copy[3];
+                model_run(&sh, d.q, d.k, d.v, d.dout, &m1);
+
+                static const char *tn[] = { "q", "k", "v", "dout" };
+                char what[256];
+                for (int r = 0; r < RUNS; r++) {
+                    snprintf(what, sizeof what, "%s %s %s %s, %s = %g at token %lld head %d [%d], %s",
+                             dtype_name(c->dtype), c->causal ? "causal" : "nomask",
+                             c->layout == CP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous",
+                             c->format == CP_FORMAT_SBHD ? "SBHD" : "BSHD", tn[tensor], values[vi],
+                             (long long)pos, head, elem, run_names[r]);
+                    cprun_cfg rc = run_cfg_of(c, r);
+                    cprun_out o;
+                    run_or_fail(&d, &rc, &o, what);
+                    expect x = { &sh, &m0, &m1, c->dtype, exact_dq, what };
+                    size_t bad = check_run(&x, &base[r].g, &o.g);
+                    /* a NaN anywhere, and +inf in q, k or v, always reaches some output */
+                    if (bad == 0 && (vi == 0 || tensor < 3))
+                        fail_msg("%s: the plant reached no output", what);
+                    cprun_out_free(&o);
+                }
+                for (int t = 0; t < 4; t++)
+                    free(copy[t]);
+            }
+        }
+    for (int r = 0; r < RUNS; r++)
+        cprun_out_free(&base[r]);
+    model_free(&m0);
+    model_free(&m1);
+    cpref_free(&clean);
+}
+
+static const config configs[] = {
+    { CP_DTYPE_F32, 1, CP_LAYOUT_ZIGZAG, CP_FORMAT_BSHD },
+    { CP_DTYPE_BF16, 1, CP_LAYOUT_CONTIGUOUS, CP_FORMAT_SBHD },
+    { CP_DTYPE_F16, 1, CP_LAYOUT_ZIGZAG, CP_FORMAT_SBHD },
+    { CP_DTYPE_BF16, 0, CP_LAYOUT_ZIGZAG, CP_FORMAT_BSHD },
+    { CP_DTYPE_F16, 0, CP_LAYOUT_CONTIGUOUS, CP_FORMAT_BSHD },
+};
+
+static void test_config(void **state)
+{
+    const int i = (int)(intptr_t)*state;
+    check_config(&configs[i], i);
+}
+
+/* The model itself, on cases worked by hand: a test of the test. */
+static void test_model(void **state)
+{
+    (void)state;
+    cpref_shape sh = { .B = 1, .S = 2, .H = 1, .Hkv = 1, .D = 1, .Dv = 1, .causal = 1, .scale = 1.0 };
+    double q[2] = { 1, 1 }, k[2] = { 0, 0 }, v[2] = { 2, 4 }, dout[2] = { 1, 1 };
+    model m;
+    model_alloc(&m, &sh);
+    model_run(&sh, q, k, v, dout, &m);
+    /* equal scores: row 0 sees v0, row 1 the mean of v0 and v1 */
+    assert_true(m.out[0] == 2 && m.out[1] == 3);
+    assert_true(m.lse[0] == 0 && fabs(m.lse[1] - log(2.0)) < 1e-15);
+    k[0] = NAN; /* both rows see key 0 */
+    model_run(&sh, q, k, v, dout, &m);
+    assert_true(isnan(m.out[0]) && isnan(m.out[1]) && isnan(m.lse[0]) && isnan(m.lse[1]));
+    k[0] = 0;
+    k[1] = NAN; /* only row 1 sees key 1 */
+    model_run(&sh, q, k, v, dout, &m);
+    assert_true(m.out[0] == 2 && m.lse[0] == 0 && isnan(m.out[1]) && isnan(m.lse[1]));
+    k[1] = -INFINITY; /* score -inf: row 1 drops the key, exactly */
+    model_run(&sh, q, k, v, dout, &m);
+    assert_true(m.out[1] == 2 && m.lse[1] == 0);
+    k[0] = k[1] = -INFINITY; /* row 0 sees only -inf scores: weights 0, as no key */
+    model_run(&sh, q, k, v, dout, &m);
+    assert_true(m.out[0] == 0 && m.lse[0] == -INFINITY);
+    k[0] = 0;
+    k[1] = INFINITY; /* inf - inf in row 1's softmax */
+    model_run(&sh, q, k, v, dout, &m);
+    assert_true(m.out[0] == 2 && isnan(m.out[1]) && isnan(m.lse[1]) && isnan(m.dk[0]) && m.dq[0] == 0 && isnan(m.dq[1]));
+    model_free(&m);
+}
+
+int main(void)
+{
+    if (cprun_device != CP_DEVICE_CPU) {
+        cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+        cc.device = cprun_device;
+        cp_context *ctx = NULL;
+        cp_status s = cp_context_create(&cc, &ctx);
+        cp_context_destroy(ctx);
+        if (s != CP_SUCCESS) {
+            printf("SKIP: no usable CUDA device: %s (%s)\n", cp_last_error(), cp_status_string(s));
+            return 77;
+        }
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model),
+        { "f32_causal_zigzag_bshd", test_config, NULL, NULL, (void *)0 },
+        { "bf16_causal_contiguous_sbhd", test_config, NULL, NULL, (void *)1 },
+        { "f16_causal_zigzag_sbhd", test_config, NULL, NULL, (void *)2 },
+        { "bf16_nomask_zigzag_bshd", test_config, NULL, NULL, (void *)3 },
+        { "f16_nomask_contiguous_bshd", test_config, NULL, NULL, (void *)4 },
+    };
+    return cmocka_run_group_tests_name("nonfinite", tests, NULL, NULL);
+}
