@@ -46,6 +46,11 @@ typedef enum cp_reduce_op {
  * the state's current stream; @c synchronize waits for it. Functions return
  * ::cp_status and set the thread's error text through the core (modules call
  * their own message helper, see ::cp_module_host).
+ *
+ * Every function slot up to and including @c merge is required: the core
+ * refuses a table that leaves one of them NULL (cp_context_create() returns
+ * #CP_ERROR_UNSUPPORTED naming the slot and the module file). The slots after
+ * @c merge are optional and may be NULL.
  */
 typedef struct cp_backend_ops {
     uint32_t abi_version; /**< #CP_MODULE_ABI_VERSION */
