@@ -2,8 +2,9 @@
 /*
  * Checkpoint CP metadata: the JSON document (read back with jansson here,
  * its checksum recomputed here), hostile documents, atomic saves under
- * SIGKILL, the resume verdicts against rules written out here, and which
- * ranks write.
+ * SIGKILL, what a save does when fsync fails, names at the system's limit,
+ * files that are not regular, the resume verdicts against rules written
+ * out here, and which ranks write.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -11,12 +12,14 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -569,28 +572,34 @@ static int setup_dir(void **state)
     return mkdtemp(tmpdir) ? 0 : -1;
 }
 
-static int teardown_dir(void **state)
+/* Remove dir and the files in it (one level: the tests make no deeper). */
+static int remove_dir(const char *dir)
 {
-    (void)state;
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(dir);
     if (d) {
         struct dirent *e;
-        char p[512];
+        char p[1024];
         while ((e = readdir(d)))
             if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
+                snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
                 if (unlink(p) != 0)
                     rmdir(p);
             }
         closedir(d);
     }
-    return rmdir(tmpdir);
+    return rmdir(dir);
 }
 
-/* Names in tmpdir other than `keep`. */
-static int stray_files(const char *keep)
+static int teardown_dir(void **state)
 {
-    DIR *d = opendir(tmpdir);
+    (void)state;
+    return remove_dir(tmpdir);
+}
+
+/* Names in dir other than `keep`. */
+static int files_besides(const char *dir, const char *keep)
+{
+    DIR *d = opendir(dir);
     assert_non_null(d);
     int n = 0;
     struct dirent *e;
@@ -598,6 +607,32 @@ static int stray_files(const char *keep)
         n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, keep);
     closedir(d);
     return n;
+}
+
+static int stray_files(const char *keep)
+{
+    return files_besides(tmpdir, keep);
+}
+
+/* A fresh folder tmpdir/name into out, for a test that counts its files. */
+static void make_subdir(char out[128], const char *name)
+{
+    snprintf(out, 128, "%s/%s", tmpdir, name);
+    assert_int_equal(mkdir(out, 0700), 0);
+}
+
+/* Whether the file at path holds exactly m's document. */
+static bool holds(const char *path, const cp_ckpt_meta *m)
+{
+    size_t n;
+    char *text = to_json(m, &n), buf[8192];
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    size_t got = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    bool same = got == n && !memcmp(buf, text, n);
+    free(text);
+    return same;
 }
 
 static void test_save_and_load(void **state)
@@ -660,6 +695,164 @@ static void test_save_and_load(void **state)
     unlink(other);
     free(text);
     cp_ckpt_meta_destroy(m);
+}
+
+/* A metadata file that is not a regular file is refused at once: loading a
+ * FIFO nobody writes to used to wait for a writer forever. */
+static void test_load_refuses_what_is_not_a_regular_file(void **state)
+{
+    (void)state;
+    char fifo[160];
+    snprintf(fifo, sizeof fifo, "%s/meta.fifo", tmpdir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    /* a regression blocks in open(): SIGALRM then ends the test program
+     * (a failure) instead of leaving it hanging */
+    alarm(60);
+    cp_ckpt_meta *back = (cp_ckpt_meta *)1;
+    EXPECT_ERROR(cp_ckpt_meta_load(fifo, &back), CP_ERROR_IO, "not a regular file (it is a FIFO)");
+    assert_non_null(strstr(cp_last_error(), fifo));
+    assert_null(back);
+    EXPECT_ERROR(cp_ckpt_meta_load("/dev/null", &back), CP_ERROR_IO, "it is a character device");
+    /* saving replaces the FIFO with a file, without opening it */
+    cp_ckpt_meta *m = make(&base);
+    assert_int_equal(cp_ckpt_meta_save(m, fifo), CP_SUCCESS);
+    alarm(0);
+    assert_true(holds(fifo, m));
+    assert_int_equal(unlink(fifo), 0);
+    cp_ckpt_meta_destroy(m);
+}
+
+/* A save keeps the permissions of the file it replaces; a new file gets
+ * 0666 less the umask. */
+static void test_save_keeps_the_mode(void **state)
+{
+    (void)state;
+    char path[160];
+    snprintf(path, sizeof path, "%s/mode.json", tmpdir);
+    cp_ckpt_meta *m = make(&base);
+    struct stat st;
+    mode_t old_mask = umask(077);
+    assert_int_equal(cp_ckpt_meta_save(m, path), CP_SUCCESS);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(chmod(path, 0640), 0); /* wider than the umask lets a new file be */
+    assert_int_equal(cp_ckpt_meta_save(m, path), CP_SUCCESS);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0640);
+    umask(022);
+    assert_int_equal(chmod(path, 0600), 0); /* narrower */
+    assert_int_equal(cp_ckpt_meta_save(m, path), CP_SUCCESS);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    umask(old_mask);
+    assert_int_equal(unlink(path), 0);
+    cp_ckpt_meta_destroy(m);
+}
+
+/* Names are limited by the file system alone: 250 bytes is a legal name
+ * (the temporary name next to it must fit too), 300 fails with the
+ * system's own error text. */
+static void test_long_names(void **state)
+{
+    (void)state;
+    char dir[128], name[301], path[512];
+    make_subdir(dir, "long");
+    cp_ckpt_meta *m = make(&base), *back = NULL;
+    memset(name, 'n', 295);
+    strcpy(name + 295, ".json");
+    assert_int_equal(strlen(name), 300);
+    snprintf(path, sizeof path, "%s/%s", dir, name + 50); /* 250 bytes */
+    assert_int_equal(cp_ckpt_meta_save(m, path), CP_SUCCESS);
+    assert_int_equal(cp_ckpt_meta_load(path, &back), CP_SUCCESS);
+    cp_ckpt_meta_destroy(back);
+    assert_int_equal(files_besides(dir, name + 50), 0);
+    assert_int_equal(unlink(path), 0);
+
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    EXPECT_ERROR(cp_ckpt_meta_save(m, path), CP_ERROR_IO, strerror(ENAMETOOLONG));
+    EXPECT_ERROR(cp_ckpt_meta_load(path, &back), CP_ERROR_IO, strerror(ENAMETOOLONG));
+    assert_int_equal(files_besides(dir, ""), 0);
+    assert_int_equal(remove_dir(dir), 0);
+    cp_ckpt_meta_destroy(m);
+}
+
+/* Files under the temporary names the library once used ("<path>.tmp.<pid>.
+ * <counter>", the counter counting this process's saves from 0) must not
+ * block a save: temporary names are random now. 300 of them cover the
+ * saves this program made before, in any test order. */
+static void test_planted_temporary_names(void **state)
+{
+    (void)state;
+    char dir[128], path[160], planted[200];
+    make_subdir(dir, "planted");
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    for (int n = 0; n < 300; n++) {
+        snprintf(planted, sizeof planted, "%s.tmp.%ld.%d", path, (long)getpid(), n);
+        FILE *f = fopen(planted, "w");
+        assert_non_null(f);
+        fclose(f);
+    }
+    cp_ckpt_meta *m = make(&base);
+    assert_int_equal(cp_ckpt_meta_save(m, path), CP_SUCCESS);
+    assert_true(holds(path, m));
+    assert_int_equal(files_besides(dir, "meta.json"), 300);
+    assert_int_equal(remove_dir(dir), 0);
+    cp_ckpt_meta_destroy(m);
+}
+
+/* The library's fsync() calls come here (a definition in the executable
+ * comes first in symbol lookup), so that a test can make them fail: on
+ * directories or on regular files, with EIO. */
+enum { FSYNC_REAL, FSYNC_FAIL_DIRS, FSYNC_FAIL_FILES };
+static int fsync_mode = FSYNC_REAL;
+
+int fsync(int fd)
+{
+    struct stat st;
+    if (fsync_mode != FSYNC_REAL && fstat(fd, &st) == 0 &&
+        (fsync_mode == FSYNC_FAIL_DIRS ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode))) {
+        errno = EIO;
+        return -1;
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
+/* A failed fsync of the new file leaves the old one and no temporary file;
+ * a failed fsync of the directory comes after the rename: the new document
+ * is in place, and the error says that it may not survive a crash. */
+static void test_fsync_failures(void **state)
+{
+    (void)state;
+    char dir[128], path[160];
+    make_subdir(dir, "fsync");
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    setup s2 = base;
+    s2.cp = 2;
+    s2.dp = 4;
+    s2.a2a = 1;
+    cp_ckpt_meta *a = make(&base), *b = make(&s2);
+    assert_int_equal(cp_ckpt_meta_save(a, path), CP_SUCCESS);
+
+    fsync_mode = FSYNC_FAIL_FILES;
+    cp_status s = cp_ckpt_meta_save(b, path);
+    fsync_mode = FSYNC_REAL;
+    EXPECT_ERROR(s, CP_ERROR_IO, strerror(EIO));
+    assert_non_null(strstr(cp_last_error(), "cannot fsync"));
+    assert_true(holds(path, a));
+    assert_int_equal(files_besides(dir, "meta.json"), 0);
+
+    fsync_mode = FSYNC_FAIL_DIRS;
+    s = cp_ckpt_meta_save(b, path);
+    fsync_mode = FSYNC_REAL;
+    EXPECT_ERROR(s, CP_ERROR_IO, "holds the new document");
+    assert_non_null(strstr(cp_last_error(), strerror(EIO)));
+    assert_non_null(strstr(cp_last_error(), path));
+    assert_true(holds(path, b));
+    assert_int_equal(files_besides(dir, "meta.json"), 0);
+
+    assert_int_equal(remove_dir(dir), 0);
+    cp_ckpt_meta_destroy(a);
+    cp_ckpt_meta_destroy(b);
 }
 
 /* A writer process saves two documents in turn as fast as it can and is
@@ -976,6 +1169,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_hostile_documents),
         cmocka_unit_test(test_save_and_load),
         cmocka_unit_test(test_kill_during_save),
+        cmocka_unit_test(test_load_refuses_what_is_not_a_regular_file),
+        cmocka_unit_test(test_save_keeps_the_mode),
+        cmocka_unit_test(test_long_names),
+        cmocka_unit_test(test_planted_temporary_names),
+        cmocka_unit_test(test_fsync_failures),
         cmocka_unit_test(test_verdicts),
         cmocka_unit_test(test_writers),
         cmocka_unit_test(test_seed_corpus),
