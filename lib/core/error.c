@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/status.h"
 
 static _Thread_local char last_error[512];
 
@@ -29,21 +30,7 @@ CP_EXPORT const char *cp_last_error(void)
 
 CP_EXPORT const char *cp_status_string(cp_status s)
 {
-    switch (s) {
-    case CP_SUCCESS: return "success";
-    case CP_ERROR_INVALID_ARGUMENT: return "invalid argument";
-    case CP_ERROR_UNSUPPORTED: return "unsupported";
-    case CP_ERROR_OUT_OF_MEMORY: return "out of memory";
-    case CP_ERROR_BACKEND: return "backend error";
-    case CP_ERROR_COMM: return "communication error";
-    case CP_ERROR_TIMEOUT: return "timeout";
-    case CP_ERROR_MISMATCH: return "mismatch between ranks";
-    case CP_ERROR_FORMAT: return "malformed data";
-    case CP_ERROR_IO: return "input/output error";
-    case CP_ERROR_NOT_FOUND: return "not found";
-    case CP_ERROR_INTERNAL: return "internal error";
-    }
-    return "unknown status";
+    return cpi_status_text(s);
 }
 
 cp_status cpi_comm_wrap(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out);

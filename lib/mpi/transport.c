@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "comm/call.h"
+#include "core/status.h"
 #include "kernels/cpu/half.h"
 
 #define MODULE_EXPORT __attribute__((visibility("default")))
@@ -52,8 +53,9 @@ static cp_status mpi_error(int rc, const char *what)
 {
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
+    /* Only a code MPI itself has no text for is shown as a number. */
     if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
-        snprintf(text, sizeof text, "error %d", rc);
+        snprintf(text, sizeof text, "MPI error code %d (MPI_Error_string has no text for it)", rc);
     return fail(CP_ERROR_COMM, "mpi %s: %s", what, text);
 }
 
@@ -122,8 +124,8 @@ static cp_status agree(mpi_impl *m, cpi_call call, int timeout_ms)
     if (f == m->rank)
         return (cp_status)call.status; /* the message is this thread's already */
     if (f >= 0)
-        return fail(CP_ERROR_COMM, "mpi %s: rank %d failed before the exchange (%d)", cpi_call_name(call.kind),
-                    f, m->calls[f].status);
+        return fail(CP_ERROR_COMM, "mpi %s: rank %d failed before the exchange (%s)", cpi_call_name(call.kind),
+                    f, cpi_status_text((cp_status)m->calls[f].status));
     char why[256];
     if (!cpi_call_agree(m->calls, m->size, why, sizeof why))
         return fail(CP_ERROR_MISMATCH, "mpi transport, rank %d: %s", m->rank, why);
