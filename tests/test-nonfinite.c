@@ -221,9 +221,16 @@ static size_t tensor_size(const cpref_shape *sh, int t)
     }
 }
 
-/* Returns the number of touched non-finite outputs, so a case that plants
- * nothing visible shows. */
-static size_t check_run(const expect *x, const cpref_result *clean_run, const cpref_result *run)
+/* Reports the first wrong output of a run (print_error) and counts them all
+ * into *wrong; returns the number of touched non-finite outputs, so that a
+ * case that plants nothing visible shows. */
+#define WRONG(...)                                                                                         \
+    do {                                                                                                   \
+        if ((*wrong)++ == 0)                                                                               \
+            print_error(__VA_ARGS__);                                                                      \
+    } while (0)
+
+static size_t check_run(const expect *x, const cpref_result *clean_run, const cpref_result *run, size_t *wrong)
 {
     double *ref0[5], *ref[5], *got0[5], *got[5];
     tensors_of_model(x->clean, ref0);
@@ -246,17 +253,17 @@ static size_t check_run(const expect *x, const cpref_result *clean_run, const cp
                 if (!same && t == 2 && !x->exact_dq)
                     same = fabs(got[t][i] - got0[t][i]) <= 1e-6 * scale;
                 if (!same)
-                    fail_msg("%s: %s[%zu] is not touched by the plant but changed: %.9g, clean run %.9g",
-                             x->what, tensor_names[t], i, got[t][i], got0[t][i]);
+                    WRONG("%s: %s[%zu] is not touched by the plant but changed: %.9g, clean run %.9g\n", x->what,
+                          tensor_names[t], i, got[t][i], got0[t][i]);
                 continue;
             }
             const int want = value_class(ref[t][i]), have = value_class(got[t][i]);
             if (want != have)
-                fail_msg("%s: %s[%zu] is %s (%.9g), the model says %s (%.9g)", x->what, tensor_names[t], i,
-                         class_name(have), got[t][i], class_name(want), ref[t][i]);
-            if (want == FINITE && !(fabs(got[t][i] - ref[t][i]) <= tol))
-                fail_msg("%s: %s[%zu] = %.9g, the model says %.9g (tolerance %.3g)", x->what, tensor_names[t], i,
-                         got[t][i], ref[t][i], tol);
+                WRONG("%s: %s[%zu] is %s (%.9g), the model says %s (%.9g)\n", x->what, tensor_names[t], i,
+                      class_name(have), got[t][i], class_name(want), ref[t][i]);
+            else if (want == FINITE && !(fabs(got[t][i] - ref[t][i]) <= tol))
+                WRONG("%s: %s[%zu] = %.9g, the model says %.9g (tolerance %.3g)\n", x->what, tensor_names[t], i,
+                      got[t][i], ref[t][i], tol);
             nonfinite += want != FINITE;
         }
     }
@@ -327,6 +334,7 @@ static void check_config(const config *c, int config_index)
      * key from the rows whose score it makes -inf), two positions each. */
     static const double values[] = { NAN, INFINITY, -INFINITY };
     const int exact_dq = cprun_device == CP_DEVICE_CPU || getenv("INFINICP_DETERMINISTIC") != NULL;
+    int failed_runs = 0, total_runs = 0;
     for (int tensor = 0; tensor < 4; tensor++)
         for (int vi = 0; vi < 3; vi++) {
             if (vi == 2 && tensor != 1)
@@ -361,10 +369,14 @@ static void check_config(const config *c, int config_index)
                     cprun_out o;
                     run_or_fail(&d, &rc, &o, what);
                     expect x = { &sh, &m0, &m1, c->dtype, exact_dq, what };
-                    size_t bad = check_run(&x, &base[r].g, &o.g);
+                    size_t wrong = 0, reached = check_run(&x, &base[r].g, &o.g, &wrong);
                     /* a NaN anywhere, and +inf in q, k or v, always reaches some output */
-                    if (bad == 0 && (vi == 0 || tensor < 3))
-                        fail_msg("%s: the plant reached no output", what);
+                    if (reached == 0 && (vi == 0 || tensor < 3)) {
+                        print_error("%s: the plant reached no output\n", what);
+                        wrong++;
+                    }
+                    failed_runs += wrong > 0;
+                    total_runs++;
                     cprun_out_free(&o);
                 }
                 for (int t = 0; t < 4; t++)
@@ -373,6 +385,9 @@ static void check_config(const config *c, int config_index)
         }
     for (int r = 0; r < RUNS; r++)
         cprun_out_free(&base[r]);
+    if (failed_runs)
+        fail_msg("%d of %d runs gave outputs other than the model's (the first wrong output of each above)",
+                 failed_runs, total_runs);
     model_free(&m0);
     model_free(&m1);
     cpref_free(&clean);

@@ -18,6 +18,7 @@
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
@@ -127,8 +128,8 @@ cp_status cpi_cpu_state_create(int num_threads, cpi_cpu_state **out)
         if (rc != 0) {
             free(w);
             cpi_cpu_state_destroy(s);
-            return cpi_error(CP_ERROR_BACKEND, "cp_context_create: cannot start CPU worker thread %d of %d (error %d)",
-                             i, num_threads, rc);
+            return cpi_error(CP_ERROR_BACKEND, "cp_context_create: cannot start CPU worker thread %d of %d: %s", i,
+                             num_threads, strerror(rc));
         }
         s->num_workers++;
     }

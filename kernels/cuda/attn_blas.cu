@@ -120,11 +120,12 @@ __global__ void softmax_kernel(attn_params p, int64_t r0, const float *S, void *
     for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x)
         sum += exp2f(srow[j] * p.c - mx);
     sum = block_sum(sum, red);
-    const float lse2 = sum > 0.0f ? mx + log2f(sum) : INFINITY;
+    // sum is NaN after a NaN score (or inf - inf): not a row without keys
+    const float lse2 = sum != 0.0f ? mx + log2f(sum) : INFINITY;
     for (int64_t j = threadIdx.x; j < p.Sk; j += blockDim.x)
         st_f(P, p.dt, i * p.Sk + j, j < nvis ? exp2f(srow[j] * p.c - lse2) : 0.0f);
     if (threadIdx.x == 0)
-        lsec[i] = sum > 0.0f ? lse2 * LN2 : -INFINITY;
+        lsec[i] = sum != 0.0f ? lse2 * LN2 : -INFINITY;
 }
 
 // One warp per chunk row: write (or merge) the chunk's normalised output.
@@ -162,7 +163,7 @@ __global__ void bwd_elem_kernel(attn_params p, int64_t b, int h, int64_t r0, con
         const int64_t e = i * p.Sk + j;
         const float pv = j < nvis ? exp2f(S[e] * p.c - lse2) : 0.0f;
         st_f(P, p.dt, e, pv);
-        st_f(dS, p.dt, e, p.scale * pv * (dP[e] - dr));
+        st_f(dS, p.dt, e, j < nvis ? p.scale * pv * (dP[e] - dr) : 0.0f); // a hidden dP may be NaN
     }
 }
 

@@ -130,8 +130,9 @@ __global__ void __launch_bounds__(R * TPR) fwd_kernel(attn_params p)
 
     // Rows past the block take part in the warp barrier but write nothing.
     const bool valid = i < p.Sq;
-    const double lse_blk = l > 0.0f ? ((double)m + log2((double)l)) * LN2 : -INFINITY;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    // l is NaN after a NaN score (or inf - inf): not a row without keys
+    const double lse_blk = l != 0.0f ? ((double)m + log2((double)l)) * LN2 : -INFINITY;
+    const float inv = l != 0.0f ? 1.0f / l : 0.0f;
     const int64_t li = b * p.lsb + h * p.lsh + i;
     const int64_t o = valid ? at(p.o, b, i, h) : 0;
     void *op = const_cast<void *>(p.o.p);
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(R * TPR) dkdv_kernel(attn_params p)
                 const bool vis = j < p.Sk && i < p.Sq && (!p.causal || j <= i + p.delta);
                 const float pv = vis ? exp2f(s * p.c - lse2s[ii]) : 0.0f;
                 PTs[r * PP + ii] = pv;
-                dSTs[r * PP + ii] = p.scale * pv * (dp - drs[ii]);
+                dSTs[r * PP + ii] = vis ? p.scale * pv * (dp - drs[ii]) : 0.0f; // a hidden dP may be NaN
             }
             __syncwarp();
             for (int d = c8; d < Dv; d += TPR) {
@@ -277,7 +278,7 @@ __global__ void __launch_bounds__(R * TPR) dq_kernel(attn_params p)
                 dp += dOs[r * OP + d] * Vs[jj * VP + d];
             const bool vis = j < p.Sk && (!p.causal || j <= i + p.delta);
             const float pv = vis ? exp2f(s * p.c - lse2) : 0.0f;
-            dSs[r * PP + jj] = p.scale * pv * (dp - dr);
+            dSs[r * PP + jj] = vis ? p.scale * pv * (dp - dr) : 0.0f; // a hidden dP may be NaN
         }
         __syncwarp();
         for (int d = c8; d < D; d += TPR) {

@@ -324,8 +324,9 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
             w1[r] = 0.0f, w2[r] = 1.0f, inv[r] = 0.0f;
             if (!live[r])
                 continue;
-            const double lse_blk = lt > 0.0f ? ((double)m[r] + log2((double)lt)) * LN2 : -INFINITY;
-            inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
+            // lt is NaN after a NaN score (or inf - inf): not a row without keys
+            const double lse_blk = lt != 0.0f ? ((double)m[r] + log2((double)lt)) * LN2 : -INFINITY;
+            inv[r] = lt != 0.0f ? 1.0f / lt : 0.0f;
             double merged = lse_blk;
             if (p.accumulate && !merge_weights(old_hi[r], old_lo[r], lse_blk, &w1[r], &w2[r], &merged)) {
                 live[r] = false;

@@ -260,7 +260,7 @@ CP_EXPORT cp_status cp_ckpt_meta_load(const char *path, cp_ckpt_meta **out)
     *out = NULL;
     CPI_CHECK_PTR(path);
     CPI_CHECK(*path != '\0', "%s: path = \"\" (empty)", __func__);
-    int fd;
+    int fd = -1;
     CPI_TRY(open_regular(path, &fd));
     /* Read one byte past the limit to tell "at the limit" from "over it",
      * whatever fstat says (/proc files report no size). */
