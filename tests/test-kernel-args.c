@@ -191,6 +191,96 @@ static void test_bad_merge_args(void **state)
     EXPECT_ERROR(cp_kernel_merge(ctx, NULL), CP_ERROR_INVALID_ARGUMENT, "a is NULL");
 }
 
+/* An output written through a zero stride along a dimension of more than
+ * one element would overlap itself: refused, naming the argument and the
+ * stride. The same stride of an input, or along a dimension of one, is
+ * fine. */
+static void test_outputs_overlapping_themselves(void **state)
+{
+    (void)state;
+    const int64_t ob = SQ * H * DV, os = H * DV, oh = DV;
+#define O_STRIDES(b, s, h) (a.o_stride_b = (b), a.o_stride_s = (s), a.o_stride_h = (h))
+#define FWD_BAD(mutation, needle)                                                                 \
+    do {                                                                                          \
+        cp_kernel_attn_args a = valid_args();                                                     \
+        mutation;                                                                                 \
+        EXPECT_ERROR(cp_kernel_attn_forward(ctx, &a), CP_ERROR_INVALID_ARGUMENT, needle);         \
+        assert_int_equal(cp_kernel_attn_backward(ctx, &a), CP_SUCCESS); /* o, lse: inputs */     \
+    } while (0)
+    FWD_BAD(O_STRIDES(0, os, oh), "a->o_stride_b = 0 with 2 elements along it");
+    FWD_BAD(O_STRIDES(ob, 0, oh), "a->o_stride_s = 0 with 5 elements along it");
+    FWD_BAD(O_STRIDES(ob, os, 0), "a->o_stride_h = 0 with 4 elements along it");
+    FWD_BAD((a.lse_stride_b = H * SQ, a.lse_stride_h = 0), "a->lse_stride_h = 0 with 4 elements along it");
+    FWD_BAD((a.lse_stride_b = 0, a.lse_stride_h = SQ), "a->lse_stride_b = 0 with 2 elements along it");
+#undef FWD_BAD
+    /* one query row: no row to overlap */
+    cp_kernel_attn_args a = valid_args();
+    a.seq_q = 1;
+    O_STRIDES(ob, 0, oh);
+    assert_int_equal(cp_kernel_attn_forward(ctx, &a), CP_SUCCESS);
+#undef O_STRIDES
+
+#define BWD_BAD(mutation, needle)                                                                 \
+    do {                                                                                          \
+        cp_kernel_attn_args b = valid_args();                                                     \
+        mutation;                                                                                 \
+        assert_int_equal(cp_kernel_attn_forward(ctx, &b), CP_SUCCESS);                            \
+        EXPECT_ERROR(cp_kernel_attn_backward(ctx, &b), CP_ERROR_INVALID_ARGUMENT, needle);        \
+    } while (0)
+    BWD_BAD((b.dq_stride_b = SQ * H * D, b.dq_stride_s = H * D, b.dq_stride_h = 0),
+            "a->dq_stride_h = 0 with 4 elements along it");
+    BWD_BAD((b.dk_stride_b = SK * HKV * D, b.dk_stride_s = 0, b.dk_stride_h = D),
+            "a->dk_stride_s = 0 with 7 elements along it");
+    BWD_BAD((b.dv_stride_b = 0, b.dv_stride_s = HKV * DV, b.dv_stride_h = DV),
+            "a->dv_stride_b = 0 with 2 elements along it");
+#undef BWD_BAD
+
+    cp_kernel_merge_args m = valid_merge();
+    m.o_stride_b = ob, m.o_stride_s = 0, m.o_stride_h = oh;
+    EXPECT_ERROR(cp_kernel_merge(ctx, &m), CP_ERROR_INVALID_ARGUMENT, "a->o_stride_s = 0 with 5 elements along it");
+    m = valid_merge();
+    m.o_part_stride_b = ob, m.o_part_stride_s = 0, m.o_part_stride_h = oh; /* an input */
+    assert_int_equal(cp_kernel_merge(ctx, &m), CP_SUCCESS);
+}
+
+/* The largest |softmax_scale| is 3e38 / log2(e): scores are scaled into
+ * base 2 in fp32. The messages print that bound exactly (%.17g), so the
+ * printed number is accepted and the next double is not. */
+static void test_softmax_scale_limit(void **state)
+{
+    (void)state;
+    const double bound = 2.0794415416798361e+38;
+    const char *says = "|scale| <= 2.0794415416798361e+38";
+    cp_kernel_attn_args a = valid_args();
+    size_t bytes;
+    a.softmax_scale = 1e300;
+    EXPECT_ERROR(cp_kernel_attn_forward(ctx, &a), CP_ERROR_INVALID_ARGUMENT, says);
+    a.softmax_scale = nextafter(bound, INFINITY);
+    EXPECT_ERROR(cp_kernel_attn_workspace_size(ctx, &a, 0, &bytes), CP_ERROR_INVALID_ARGUMENT, says);
+    a.softmax_scale = -nextafter(bound, INFINITY);
+    EXPECT_ERROR(cp_kernel_attn_workspace_size(ctx, &a, 0, &bytes), CP_ERROR_INVALID_ARGUMENT, says);
+    a.softmax_scale = bound;
+    assert_int_equal(cp_kernel_attn_workspace_size(ctx, &a, 0, &bytes), CP_SUCCESS);
+    a.softmax_scale = -bound;
+    assert_int_equal(cp_kernel_attn_workspace_size(ctx, &a, 0, &bytes), CP_SUCCESS);
+
+    /* plans check the same bound (the CP modes call the backend directly) */
+    cp_comm *comm;
+    cp_group *g;
+    cp_attn_plan *p = NULL;
+    assert_int_equal(cp_comm_create_local(1, &comm), CP_SUCCESS);
+    assert_int_equal(cp_group_create(ctx, comm, NULL, &g), CP_SUCCESS);
+    cp_attn_desc d = CP_ATTN_DESC_INIT;
+    d.batch = 1, d.seq_len = 8, d.num_heads = H, d.num_kv_heads = HKV, d.head_dim = D;
+    d.softmax_scale = nextafter(bound, INFINITY);
+    EXPECT_ERROR(cp_attn_plan_create(g, &d, &p), CP_ERROR_INVALID_ARGUMENT, says);
+    d.softmax_scale = bound;
+    assert_int_equal(cp_attn_plan_create(g, &d, &p), CP_SUCCESS);
+    cp_attn_plan_destroy(p);
+    cp_group_destroy(g);
+    cp_comm_destroy(comm);
+}
+
 static void test_workspace_size_args(void **state)
 {
     (void)state;
@@ -285,6 +375,8 @@ int main(void)
         cmocka_unit_test(test_valid_calls),
         cmocka_unit_test(test_bad_attn_args),
         cmocka_unit_test(test_bad_merge_args),
+        cmocka_unit_test(test_outputs_overlapping_themselves),
+        cmocka_unit_test(test_softmax_scale_limit),
         cmocka_unit_test(test_workspace_size_args),
         cmocka_unit_test(test_workspace_exact),
         cmocka_unit_test(test_workspace_not_quadratic),

@@ -214,6 +214,14 @@ static void test_bad_arguments(void **state)
     /* 2^63 bytes fit a size_t but no address space */
     EXPECT_ERROR(cp_layout_shard(ctx, CP_LAYOUT_CONTIGUOUS, 2, 0, g, l, (int64_t)1 << 23, 1 << 20, 1 << 20),
                  E, "overflows");
+    /* the share may not be written over the tensor it is copied from: 16
+     * bytes of global, 8 of local */
+    EXPECT_ERROR(cp_layout_shard(ctx, CP_LAYOUT_ZIGZAG, 2, 1, g, g, 1, 8, 2), E, "overlaps global");
+    EXPECT_ERROR(cp_layout_shard(ctx, CP_LAYOUT_ZIGZAG, 2, 1, g, g + 15, 1, 8, 2), E, "overlaps global");
+    EXPECT_ERROR(cp_layout_shard(ctx, CP_LAYOUT_ZIGZAG, 2, 1, g + 8, g + 1, 1, 8, 2), E, "overlaps global");
+    /* touching is not overlapping */
+    assert_int_equal(cp_layout_shard(ctx, CP_LAYOUT_ZIGZAG, 2, 1, g, g + 16, 1, 8, 2), CP_SUCCESS);
+    assert_int_equal(cp_layout_shard(ctx, CP_LAYOUT_ZIGZAG, 2, 1, g + 8, g, 1, 8, 2), CP_SUCCESS);
     cp_context_destroy(ctx);
 }
 

@@ -311,7 +311,7 @@ cp_status cp_layout_positions(cp_layout l, int cp_size, int cp_rank, int64_t seq
  *
  * Works for anything per token (inputs, labels, position ids, activations).
  * The copy runs on the context's device; @p global and @p local are memory
- * of that device and must not overlap.
+ * of that device and must not overlap (#CP_ERROR_INVALID_ARGUMENT).
  * @param ctx the context whose device holds both buffers.
  * @param l the layout, as for cp_layout_positions().
  * @param cp_size ranks in the CP group.
@@ -334,7 +334,8 @@ cp_status cp_layout_shard(cp_context *ctx, cp_layout l, int cp_size, int cp_rank
  * tensor in layout @p l (as cp_layout_shard() cuts it), and receives the
  * whole [batch, seq_len, token_bytes] tensor in @p global. Both live on the
  * group's context device. Every rank of the group calls it with the same
- * layout and sizes.
+ * layout and sizes. A rank with a bad argument (but @p g) still takes part
+ * before it fails, so the others fail at once with #CP_ERROR_MISMATCH.
  * @param g the CP group (P = its size).
  * @param l #CP_LAYOUT_CONTIGUOUS or #CP_LAYOUT_ZIGZAG.
  * @param local this rank's share, batch * seq_len / P * token_bytes bytes.
@@ -343,7 +344,8 @@ cp_status cp_layout_shard(cp_context *ctx, cp_layout l, int cp_size, int cp_rank
  * @param seq_len GLOBAL sequence length; divisible by P (contiguous) or 2P (zigzag).
  * @param token_bytes bytes per token, >= 1.
  * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a bad argument;
- *         #CP_ERROR_MISMATCH if ranks pass different sizes;
+ *         #CP_ERROR_MISMATCH if ranks pass different sizes or another rank
+ *         rejected its arguments (the message names it);
  *         #CP_ERROR_TIMEOUT if a rank does not join within the group's timeout;
  *         #CP_ERROR_OUT_OF_MEMORY; #CP_ERROR_BACKEND; #CP_ERROR_COMM.
  */
@@ -376,13 +378,16 @@ cp_status cp_comm_create_local(int nranks, cp_comm **comms);
  * duplicates the communicator, so its traffic never mixes with the
  * caller's; the caller's communicator is not owned and may be freed after
  * this call. Destroy the result before MPI_Finalize. See <infinicp/mpi.h>
- * for the typed wrapper cp_comm_create_mpi_comm().
+ * for the typed wrapper cp_comm_create_mpi_comm(). A rank with a NULL
+ * @p out still duplicates, so the others fail at once with
+ * #CP_ERROR_MISMATCH instead of waiting in MPI_Comm_dup.
  * @param mpi_comm a pointer to an MPI_Comm, read during the call only.
  * @param out receives the communicator.
  * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL arguments, a
  *         null communicator or MPI not initialised; #CP_ERROR_NOT_FOUND if
  *         the module is not installed; #CP_ERROR_UNSUPPORTED for a module
- *         of another ABI; #CP_ERROR_COMM if MPI fails; #CP_ERROR_OUT_OF_MEMORY.
+ *         of another ABI; #CP_ERROR_COMM if MPI fails; #CP_ERROR_MISMATCH if
+ *         another rank passed a NULL @p out; #CP_ERROR_OUT_OF_MEMORY.
  */
 cp_status cp_comm_create_mpi(void *mpi_comm, cp_comm **out);
 
@@ -392,13 +397,15 @@ cp_status cp_comm_create_mpi(void *mpi_comm, cp_comm **out);
  * Ranks passing the same non-negative @p color form a new communicator,
  * ordered by (@p key, old rank). A rank passing a negative color takes
  * part in the call but joins none (*out = NULL). Waits at most 5 minutes
- * for the other ranks.
+ * for the other ranks. A rank with a NULL @p out still takes part before it
+ * fails, so the others fail at once with #CP_ERROR_MISMATCH.
  * @param c the communicator.
  * @param color the new group; negative = none.
  * @param key the order inside the new group.
  * @param out receives the new communicator, or NULL.
  * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL argument;
- *         #CP_ERROR_MISMATCH if some rank makes another collective call;
+ *         #CP_ERROR_MISMATCH if some rank makes another collective call or
+ *         passes a NULL @p out (the message names it);
  *         #CP_ERROR_TIMEOUT; #CP_ERROR_COMM; #CP_ERROR_OUT_OF_MEMORY.
  */
 cp_status cp_comm_split(cp_comm *c, int color, int key, cp_comm **out);
@@ -469,7 +476,8 @@ typedef struct cp_group_config {
  * Splits @p comm into the a2a sub-groups (cfg->a2a_size consecutive ranks)
  * and the p2p sub-groups (the ranks with equal rank % a2a_size) that the
  * hybrid mode needs, also when a2a_size is 1. Every rank passes the same
- * a2a_size.
+ * a2a_size. A rank with a bad argument (but @p comm) still takes part
+ * before it fails, so the others fail at once with #CP_ERROR_MISMATCH.
  * @param ctx the device the group's work runs on; not owned, outlives the group.
  * @param comm the CP communicator; not owned, outlives the group.
  * @param cfg configuration; NULL means #CP_GROUP_CONFIG_INIT.
@@ -477,7 +485,8 @@ typedef struct cp_group_config {
  * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL arguments, a bad
  *         struct_size, an a2a_size that does not divide the communicator
  *         size, timeout_ms <= 0 or num_streams outside [1, 64];
- *         #CP_ERROR_MISMATCH if ranks pass different a2a sizes;
+ *         #CP_ERROR_MISMATCH if ranks pass different a2a sizes or another
+ *         rank rejected its arguments (the message names it);
  *         #CP_ERROR_TIMEOUT; #CP_ERROR_COMM; #CP_ERROR_OUT_OF_MEMORY.
  */
 cp_status cp_group_create(cp_context *ctx, cp_comm *comm, const cp_group_config *cfg, cp_group **out);
@@ -542,7 +551,7 @@ typedef struct cp_attn_desc {
     int32_t head_dim;     /**< q/k head dimension */
     int32_t head_dim_v;   /**< v/out head dimension; 0 = head_dim */
     cp_mask mask;         /**< #CP_MASK_CAUSAL or #CP_MASK_NONE */
-    double softmax_scale; /**< 0 = 1/sqrt(head_dim) */
+    double softmax_scale; /**< 0 = 1/sqrt(head_dim); |scale| <= 3e38 / log2(e) = 2.0794415416798361e+38 */
     cp_layout layout;     /**< how the sequence is split */
     cp_mode mode;         /**< communication scheme */
 } cp_attn_desc;
@@ -556,7 +565,8 @@ typedef struct cp_attn_desc {
  * @brief Plan a CP attention on a group (collective).
  *
  * Every rank of @p g calls it with the same descriptor; ranks that disagree
- * all get #CP_ERROR_MISMATCH.
+ * all get #CP_ERROR_MISMATCH, and so do the others when one rank rejects
+ * its own arguments (that rank gets its own error).
  * @param g the CP group; it and its context must outlive the plan.
  * @param desc the attention; see ::cp_attn_desc.
  * @param out receives the plan; NULL on failure.
@@ -582,7 +592,9 @@ cp_status cp_attn_workspace_size(const cp_attn_plan *p, size_t *forward, size_t 
  *
  * Tensors hold this rank's tokens (seq_len / P per sample, in the layout's
  * order), dense in the descriptor's format and dtype, on the plan's device,
- * each aligned to its elements.
+ * each aligned to its elements. A rank with a bad argument (but @p p) still
+ * takes part before it fails, so the others fail at once with
+ * #CP_ERROR_MISMATCH naming it, and the next call pairs up as usual.
  * @param p the plan.
  * @param q queries [batch, T, num_heads, head_dim] (BSHD; SBHD swaps batch and T).
  * @param k keys [batch, T, num_kv_heads, head_dim].
@@ -591,10 +603,12 @@ cp_status cp_attn_workspace_size(const cp_attn_plan *p, size_t *forward, size_t 
  * @param lse receives the log-sum-exp, fp32 [batch, num_heads, T].
  * @param workspace device memory of at least the forward workspace size,
  *        aligned to 16 bytes, or NULL to let the plan allocate (and keep)
- *        its own.
+ *        its own, of the size this call needs (a later backward grows it).
  * @param workspace_bytes bytes at @p workspace.
- * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_TIMEOUT,
- *         #CP_ERROR_COMM, #CP_ERROR_BACKEND or #CP_ERROR_OUT_OF_MEMORY.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_MISMATCH
+ *         (another rank rejected its arguments, or sizes differ),
+ *         #CP_ERROR_TIMEOUT, #CP_ERROR_COMM, #CP_ERROR_BACKEND or
+ *         #CP_ERROR_OUT_OF_MEMORY.
  */
 cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
                           float *lse, void *workspace, size_t workspace_bytes);
@@ -639,7 +653,9 @@ void cp_attn_plan_destroy(cp_attn_plan *p);
  * dimension is dense). If all three strides of a tensor are 0 they are
  * derived from @c format as a dense tensor of this block's shape.
  * LSE element (b, h, s) lives at lse + b*lse_stride_b + h*lse_stride_h + s;
- * all-zero LSE strides mean dense [batch, num_heads, seq_q].
+ * all-zero LSE strides mean dense [batch, num_heads, seq_q]. An output may
+ * not overlap itself: a zero stride along a dimension of more than one
+ * element is #CP_ERROR_INVALID_ARGUMENT.
  */
 typedef struct cp_kernel_attn_args {
     size_t struct_size;    /**< sizeof(cp_kernel_attn_args) */
@@ -655,7 +671,7 @@ typedef struct cp_kernel_attn_args {
     int64_t q_offset;      /**< global position of the first query row */
     int64_t k_offset;      /**< global position of the first key row */
     cp_mask mask;          /**< causal on global positions, or none */
-    double softmax_scale;  /**< 0 = 1/sqrt(head_dim) */
+    double softmax_scale;  /**< 0 = 1/sqrt(head_dim); |scale| <= 3e38 / log2(e) = 2.0794415416798361e+38 */
 
     /** Query block and its strides. @{ */
     const void *q; int64_t q_stride_b, q_stride_s, q_stride_h;

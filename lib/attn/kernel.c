@@ -34,13 +34,26 @@ static cp_status dense_strides(const char *func, const char *name, cp_format f, 
     return CP_SUCCESS;
 }
 
+/* An output written through a zero stride along a dimension of more than
+ * one element would write the same elements for every index of it: the
+ * results would race on a device and overwrite each other anywhere. */
+static cp_status check_no_self_overlap(const char *func, const char *name, const char *const *dims,
+                                       const int64_t *extent, const int64_t *stride, int n)
+{
+    for (int i = 0; i < n; i++)
+        CPI_CHECK(stride[i] != 0 || extent[i] <= 1,
+                  "%s: a->%s_stride_%s = 0 with %" PRId64 " elements along it (an output must not overlap itself)",
+                  func, name, dims[i], extent[i]);
+    return CP_SUCCESS;
+}
+
 /*
  * One [B, S, H, D] tensor of type t at p with strides (*sb, *ss, *sh): derive
- * all-zero strides, reject negative ones, and make sure the byte offset of
- * its last element fits.
+ * all-zero strides, reject negative ones (and zero ones of an output), and
+ * make sure the byte offset of its last element fits.
  */
-static cp_status check_tensor(const char *func, const char *name, const void *p, bool need_ptr, cp_dtype t,
-                              cp_format f, int64_t B, int64_t S, int64_t H, int64_t D, int64_t *sb,
+static cp_status check_tensor(const char *func, const char *name, const void *p, bool need_ptr, bool output,
+                              cp_dtype t, cp_format f, int64_t B, int64_t S, int64_t H, int64_t D, int64_t *sb,
                               int64_t *ss, int64_t *sh)
 {
     size_t es = cpi_dtype_size(t);
@@ -53,6 +66,10 @@ static cp_status check_tensor(const char *func, const char *name, const void *p,
               "%s: a->%s_stride_b = %" PRId64 ", a->%s_stride_s = %" PRId64 ", a->%s_stride_h = %" PRId64
               " (strides must be >= 0)",
               func, name, *sb, name, *ss, name, *sh);
+    static const char *const dims[] = { "b", "s", "h" };
+    if (output)
+        CPI_TRY(check_no_self_overlap(func, name, dims, (const int64_t[]){ B, S, H },
+                                      (const int64_t[]){ *sb, *ss, *sh }, 3));
     int64_t last = D - 1, x;
     bool ok = !__builtin_mul_overflow(B - 1, *sb, &x) && !__builtin_add_overflow(last, x, &last) &&
               !__builtin_mul_overflow(S - 1, *ss, &x) && !__builtin_add_overflow(last, x, &last) &&
@@ -74,8 +91,8 @@ static cp_status check_tensor(const char *func, const char *name, const void *p,
 
 /* The LSE: float element (b, h, s) at p + b*(*sb) + h*(*sh) + s; all-zero
  * strides mean dense [B, H, S]. */
-static cp_status check_lse(const char *func, const char *name, const float *p, bool need_ptr, int64_t B,
-                           int64_t H, int64_t S, int64_t *sb, int64_t *sh)
+static cp_status check_lse(const char *func, const char *name, const float *p, bool need_ptr, bool output,
+                           int64_t B, int64_t H, int64_t S, int64_t *sb, int64_t *sh)
 {
     CPI_CHECK(!need_ptr || p, "%s: a->%s is NULL", func, name);
     CPI_CHECK((uintptr_t)p % sizeof(float) == 0, "%s: a->%s = %p is not aligned to its 4-byte elements", func,
@@ -88,6 +105,10 @@ static cp_status check_lse(const char *func, const char *name, const float *p, b
     CPI_CHECK(*sb >= 0 && *sh >= 0,
               "%s: a->%s_stride_b = %" PRId64 ", a->%s_stride_h = %" PRId64 " (strides must be >= 0)", func,
               name, *sb, name, *sh);
+    static const char *const dims[] = { "b", "h" };
+    if (output)
+        CPI_TRY(check_no_self_overlap(func, name, dims, (const int64_t[]){ B, H }, (const int64_t[]){ *sb, *sh },
+                                      2));
     int64_t last = S - 1, x;
     bool ok = !__builtin_mul_overflow(B - 1, *sb, &x) && !__builtin_add_overflow(last, x, &last) &&
               !__builtin_mul_overflow(H - 1, *sh, &x) && !__builtin_add_overflow(last, x, &last) &&
@@ -162,8 +183,8 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
     if (a->softmax_scale == 0.0)
         a->softmax_scale = 1.0 / sqrt((double)a->head_dim);
     CPI_CHECK(cpi_softmax_scale_ok(a->softmax_scale),
-              "%s: a->softmax_scale = %g (must be finite, |scale| <= 2e38; 0 for 1/sqrt(head_dim))", func,
-              a->softmax_scale);
+              "%s: a->softmax_scale = %g (must be finite, |scale| <= %.17g; 0 for 1/sqrt(head_dim))", func,
+              a->softmax_scale, CPI_SOFTMAX_SCALE_MAX);
     CPI_TRY(check_result_dtype(func, "o_dtype", a->o_dtype, a->dtype));
     if (!bwd)
         CPI_TRY(check_flag(func, "accumulate", a->accumulate));
@@ -171,27 +192,28 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
     const int64_t B = a->batch, Sq = a->seq_q, Sk = a->seq_k, H = a->num_heads, Hk = a->num_kv_heads,
                   D = a->head_dim, Dv = a->head_dim_v;
     const cp_format f = a->format;
-    CPI_TRY(check_tensor(func, "q", a->q, ptrs, a->dtype, f, B, Sq, H, D, &a->q_stride_b, &a->q_stride_s,
+    CPI_TRY(check_tensor(func, "q", a->q, ptrs, false, a->dtype, f, B, Sq, H, D, &a->q_stride_b, &a->q_stride_s,
                          &a->q_stride_h));
-    CPI_TRY(check_tensor(func, "k", a->k, ptrs, a->dtype, f, B, Sk, Hk, D, &a->k_stride_b, &a->k_stride_s,
+    CPI_TRY(check_tensor(func, "k", a->k, ptrs, false, a->dtype, f, B, Sk, Hk, D, &a->k_stride_b, &a->k_stride_s,
                          &a->k_stride_h));
-    CPI_TRY(check_tensor(func, "v", a->v, ptrs, a->dtype, f, B, Sk, Hk, Dv, &a->v_stride_b, &a->v_stride_s,
+    CPI_TRY(check_tensor(func, "v", a->v, ptrs, false, a->dtype, f, B, Sk, Hk, Dv, &a->v_stride_b, &a->v_stride_s,
                          &a->v_stride_h));
-    CPI_TRY(check_tensor(func, "o", a->o, ptrs, a->o_dtype, f, B, Sq, H, Dv, &a->o_stride_b, &a->o_stride_s,
-                         &a->o_stride_h));
-    CPI_TRY(check_lse(func, "lse", a->lse, ptrs, B, H, Sq, &a->lse_stride_b, &a->lse_stride_h));
+    /* o and lse are the forward's outputs, the backward's inputs */
+    CPI_TRY(check_tensor(func, "o", a->o, ptrs, !backward_fields, a->o_dtype, f, B, Sq, H, Dv, &a->o_stride_b,
+                         &a->o_stride_s, &a->o_stride_h));
+    CPI_TRY(check_lse(func, "lse", a->lse, ptrs, !backward_fields, B, H, Sq, &a->lse_stride_b, &a->lse_stride_h));
     if (!backward_fields)
         return CP_SUCCESS;
 
     CPI_TRY(check_result_dtype(func, "grad_dtype", a->grad_dtype, a->dtype));
     CPI_TRY(check_flag(func, "grad_accumulate", a->grad_accumulate));
-    CPI_TRY(check_tensor(func, "dout", a->dout, ptrs, a->o_dtype, f, B, Sq, H, Dv, &a->dout_stride_b,
+    CPI_TRY(check_tensor(func, "dout", a->dout, ptrs, false, a->o_dtype, f, B, Sq, H, Dv, &a->dout_stride_b,
                          &a->dout_stride_s, &a->dout_stride_h));
-    CPI_TRY(check_tensor(func, "dq", a->dq, ptrs, a->grad_dtype, f, B, Sq, H, D, &a->dq_stride_b,
+    CPI_TRY(check_tensor(func, "dq", a->dq, ptrs, true, a->grad_dtype, f, B, Sq, H, D, &a->dq_stride_b,
                          &a->dq_stride_s, &a->dq_stride_h));
-    CPI_TRY(check_tensor(func, "dk", a->dk, ptrs, a->grad_dtype, f, B, Sk, Hk, D, &a->dk_stride_b,
+    CPI_TRY(check_tensor(func, "dk", a->dk, ptrs, true, a->grad_dtype, f, B, Sk, Hk, D, &a->dk_stride_b,
                          &a->dk_stride_s, &a->dk_stride_h));
-    CPI_TRY(check_tensor(func, "dv", a->dv, ptrs, a->grad_dtype, f, B, Sk, Hk, Dv, &a->dv_stride_b,
+    CPI_TRY(check_tensor(func, "dv", a->dv, ptrs, true, a->grad_dtype, f, B, Sk, Hk, Dv, &a->dv_stride_b,
                          &a->dv_stride_s, &a->dv_stride_h));
     /* the rowsum buffer: optional, laid out like lse (strides checked there) */
     CPI_TRY(check_flag(func, "drow_ready", a->drow_ready));
@@ -218,12 +240,12 @@ cp_status cpi_kernel_merge_args_check(const char *func, const cp_kernel_merge_ar
     CPI_TRY(check_storage_dtype(func, "o_dtype", a->o_dtype));
     CPI_TRY(check_storage_dtype(func, "o_part_dtype", a->o_part_dtype));
     const int64_t B = a->batch, S = a->seq, H = a->num_heads, Dv = a->head_dim_v;
-    CPI_TRY(check_tensor(func, "o", a->o, true, a->o_dtype, a->format, B, S, H, Dv, &a->o_stride_b,
+    CPI_TRY(check_tensor(func, "o", a->o, true, true, a->o_dtype, a->format, B, S, H, Dv, &a->o_stride_b,
                          &a->o_stride_s, &a->o_stride_h));
-    CPI_TRY(check_tensor(func, "o_part", a->o_part, true, a->o_part_dtype, a->format, B, S, H, Dv,
+    CPI_TRY(check_tensor(func, "o_part", a->o_part, true, false, a->o_part_dtype, a->format, B, S, H, Dv,
                          &a->o_part_stride_b, &a->o_part_stride_s, &a->o_part_stride_h));
-    CPI_TRY(check_lse(func, "lse", a->lse, true, B, H, S, &a->lse_stride_b, &a->lse_stride_h));
-    CPI_TRY(check_lse(func, "lse_part", a->lse_part, true, B, H, S, &a->lse_part_stride_b,
+    CPI_TRY(check_lse(func, "lse", a->lse, true, true, B, H, S, &a->lse_stride_b, &a->lse_stride_h));
+    CPI_TRY(check_lse(func, "lse_part", a->lse_part, true, false, B, H, S, &a->lse_part_stride_b,
                       &a->lse_part_stride_h));
     return CP_SUCCESS;
 }

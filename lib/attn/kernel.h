@@ -26,10 +26,14 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
                                      int backward_fields, cp_kernel_attn_args *out);
 
 /* Scores are scaled into base 2 in fp32: scale * log2(e) must be a finite
- * float. The CP modes call the backends directly, so plans check it too. */
+ * float, which |scale| <= 3e38 / log2(e) keeps with room to spare. The CP
+ * modes call the backends directly, so plans check it too; messages print
+ * this bound. */
+#define CPI_SOFTMAX_SCALE_MAX (3.0e38 / 1.4426950408889634)
+
 static inline bool cpi_softmax_scale_ok(double scale)
 {
-    return isfinite(scale) && fabs(scale * 1.4426950408889634) <= 3.0e38;
+    return isfinite(scale) && fabs(scale) <= CPI_SOFTMAX_SCALE_MAX;
 }
 
 /* The same for cp_kernel_merge(). */

@@ -9,6 +9,7 @@
 
 #include "attn/kernel.h"
 #include "attn/plan.h"
+#include "comm/agree.h"
 
 /* First published cp_attn_desc: everything up to `mode`. */
 #define DESC_V1_SIZE (offsetof(cp_attn_desc, mode) + sizeof(cp_mode))
@@ -42,8 +43,8 @@ static cp_status check_desc(const cp_attn_desc *d)
     CPI_CHECK(d->mask == CP_MASK_NONE || d->mask == CP_MASK_CAUSAL,
               "%s: desc->mask = %d (must be CP_MASK_NONE (0) or CP_MASK_CAUSAL (1))", f, (int)d->mask);
     CPI_CHECK(cpi_softmax_scale_ok(d->softmax_scale),
-              "%s: desc->softmax_scale = %g (must be finite, |scale| <= 2e38; 0 = 1/sqrt(head_dim))", f,
-              d->softmax_scale);
+              "%s: desc->softmax_scale = %g (must be finite, |scale| <= %.17g; 0 = 1/sqrt(head_dim))", f,
+              d->softmax_scale, CPI_SOFTMAX_SCALE_MAX);
     CPI_CHECK(d->mode >= CP_MODE_ALL_GATHER && d->mode <= CP_MODE_A2A_P2P,
               "%s: desc->mode = %d (must be a cp_mode, 0..3)", f, (int)d->mode);
     /* the largest tensor any mode touches: batch x seq x heads x dim x 8 bytes */
@@ -85,57 +86,39 @@ static cp_status check_mode(cp_attn_plan *p)
     return cpi_layout_check(f, d->layout, p->P, p->rank, d->seq_len);
 }
 
-static uint64_t fnv(uint64_t h, uint64_t v)
+/* Collective: every rank learns whether all ranks passed the same
+ * descriptor (as filled in: head_dim_v 0 and head_dim agree), and whether
+ * any rank rejected its own. The group's size and a2a size were agreed on
+ * when it was made. */
+static cp_status agree(cp_group *g, const cp_attn_plan *p, cp_status local)
 {
-    for (int i = 0; i < 8; i++) {
-        h ^= (v >> (8 * i)) & 0xff;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static uint64_t desc_hash(const cp_attn_plan *p)
-{
-    const cp_attn_desc *d = &p->d;
+    static const cp_attn_desc none;
+    const cp_attn_desc *d = local == CP_SUCCESS ? &p->d : &none;
     uint64_t scale;
     memcpy(&scale, &d->softmax_scale, sizeof scale);
-    const uint64_t fields[] = { (uint64_t)d->dtype, (uint64_t)d->format, (uint64_t)d->batch,
-                                (uint64_t)d->seq_len, (uint64_t)d->num_heads, (uint64_t)d->num_kv_heads,
-                                (uint64_t)d->head_dim, (uint64_t)d->head_dim_v, (uint64_t)d->mask, scale,
-                                (uint64_t)d->layout, (uint64_t)d->mode, (uint64_t)p->P,
-                                (uint64_t)p->g->cfg.a2a_size };
-    uint64_t h = 14695981039346656037ull;
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
-        h = fnv(h, fields[i]);
-    return h;
-}
-
-/* Collective: every rank learns whether all ranks passed the same
- * descriptor, and whether any rank rejected its own. One all-reduce (max) of
- * the hash, its negation, and the local verdict, through the group's device
- * (NCCL moves device memory only). */
-static cp_status agree(cp_attn_plan *p, cp_status local)
-{
-    const uint64_t h = local == CP_SUCCESS ? desc_hash(p) : 0;
-    const double hi = (double)(h >> 32), lo = (double)(h & 0xffffffffu);
-    double v[5] = { hi, lo, -hi, -lo, local == CP_SUCCESS ? 0.0 : 1.0 };
-    char saved[512];
-    strncpy(saved, cp_last_error(), sizeof saved - 1);
-    saved[sizeof saved - 1] = 0;
-    cp_status s = cpi_all_reduce_host(p->g->ctx, p->g->comm, p->g->cfg.timeout_ms, v, 5, CP_REDUCE_MAX);
-    if (local != CP_SUCCESS)
-        return cpi_error(local, "%s", saved); /* this rank's own reason comes first */
-    if (s != CP_SUCCESS)
-        return s;
-    if (v[0] != -v[2] || v[1] != -v[3] || v[4] != 0.0)
-        return cpi_error(CP_ERROR_MISMATCH,
-                         "cp_attn_plan_create: ranks of the CP group passed different descriptors "
-                         "(rank %d: dtype %d, batch %lld, seq_len %lld, heads %d/%d, head_dim %d/%d, mask %d, "
-                         "layout %d, mode %s, group size %d)",
-                         p->rank, (int)p->d.dtype, (long long)p->d.batch, (long long)p->d.seq_len,
-                         p->d.num_heads, p->d.num_kv_heads, p->d.head_dim, p->d.head_dim_v, (int)p->d.mask,
-                         (int)p->d.layout, mode_name(p->d.mode), p->P);
-    return CP_SUCCESS;
+    const cpi_agree_field fields[] = {
+        { "desc->dtype", (uint64_t)d->dtype, false },
+        { "desc->format", (uint64_t)d->format, false },
+        { "desc->batch", (uint64_t)d->batch, false },
+        { "desc->seq_len", (uint64_t)d->seq_len, false },
+        { "desc->num_heads", (uint64_t)d->num_heads, false },
+        { "desc->num_kv_heads", (uint64_t)d->num_kv_heads, false },
+        { "desc->head_dim", (uint64_t)d->head_dim, false },
+        { "desc->head_dim_v", (uint64_t)d->head_dim_v, false },
+        { "desc->mask", (uint64_t)d->mask, false },
+        { "desc->softmax_scale", scale, true },
+        { "desc->layout", (uint64_t)d->layout, false },
+        { "desc->mode", (uint64_t)d->mode, false },
+    };
+    const cpi_agree_call call = { .func = "cp_attn_plan_create",
+                                  .ctx = g->ctx,
+                                  .comm = g->comm,
+                                  .timeout_ms = g->cfg.timeout_ms,
+                                  .fields = fields,
+                                  .nfields = (int)(sizeof fields / sizeof fields[0]),
+                                  .what = "descriptors" };
+    cpi_agreement ag;
+    return cpi_agree_open(&ag, &call, local);
 }
 
 static cp_status build_token_sets(cp_attn_plan *p)
@@ -215,20 +198,25 @@ static void plan_free(cp_attn_plan *p)
 
 CP_EXPORT cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, cp_attn_plan **out)
 {
-    CPI_CHECK_PTR(out);
-    *out = NULL;
+    if (out)
+        *out = NULL;
     CPI_CHECK_PTR(g);
-    CPI_CHECK_PTR(desc);
     cp_attn_plan *p = cpi_calloc(1, sizeof *p);
-    if (!p)
-        return CP_ERROR_OUT_OF_MEMORY;
-    p->g = g;
-    p->ctx = g->ctx;
-    p->P = g->size;
-    p->rank = g->rank;
-
-    static const cp_attn_desc defaults = CP_ATTN_DESC_INIT;
-    cp_status s = cpi_copy_config(&p->d, sizeof p->d, &defaults, desc, DESC_V1_SIZE, __func__, "desc");
+    cp_status s = CP_SUCCESS;
+    if (!out)
+        s = cpi_error(CP_ERROR_INVALID_ARGUMENT, "%s: out is NULL", __func__);
+    else if (!desc)
+        s = cpi_error(CP_ERROR_INVALID_ARGUMENT, "%s: desc is NULL", __func__);
+    else if (!p)
+        s = CP_ERROR_OUT_OF_MEMORY;
+    if (s == CP_SUCCESS) {
+        p->g = g;
+        p->ctx = g->ctx;
+        p->P = g->size;
+        p->rank = g->rank;
+        static const cp_attn_desc defaults = CP_ATTN_DESC_INIT;
+        s = cpi_copy_config(&p->d, sizeof p->d, &defaults, desc, DESC_V1_SIZE, __func__, "desc");
+    }
     if (s == CP_SUCCESS)
         s = check_desc(&p->d);
     if (s == CP_SUCCESS) {
@@ -238,9 +226,9 @@ CP_EXPORT cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, c
             p->d.softmax_scale = 1.0 / sqrt((double)p->d.head_dim);
         s = check_mode(p);
     }
-    /* Every rank takes part in the agreement, also one whose descriptor is
+    /* Every rank takes part in the agreement, also one whose arguments are
      * bad, so that the others fail fast instead of waiting for it. */
-    s = agree(p, s);
+    s = agree(g, p, s);
     if (s == CP_SUCCESS) {
         p->s_loc = p->d.seq_len / p->P;
         p->ring_rank = p->rank / p->A;
@@ -301,10 +289,17 @@ static cp_status workspace(cp_attn_plan *p, void *ws, size_t bytes, size_t need,
     CPI_CHECK((uintptr_t)ws % WORKSPACE_ALIGN == 0, "%s: workspace = %p is not aligned to %d bytes", func, ws,
               WORKSPACE_ALIGN);
     if (!ws) {
-        if (!p->own_ws) {
-            size_t all = p->ws_fwd > p->ws_bwd ? p->ws_fwd : p->ws_bwd;
-            CPI_TRY(p->ctx->ops->alloc(p->ctx->state, all, &p->own_ws));
-            p->own_ws_bytes = all;
+        /* As much as this call needs: a plan used only forward (inference,
+         * activation recomputation) never holds the backward's larger
+         * workspace (2.5x at S = 32k). The first backward grows it; free
+         * waits for the work queued on it. */
+        if (p->own_ws_bytes < need) {
+            if (p->own_ws)
+                p->ctx->ops->free(p->ctx->state, p->own_ws);
+            p->own_ws = NULL;
+            p->own_ws_bytes = 0;
+            CPI_TRY(p->ctx->ops->alloc(p->ctx->state, need, &p->own_ws));
+            p->own_ws_bytes = need;
         }
         ws = p->own_ws;
         bytes = p->own_ws_bytes;
@@ -315,6 +310,36 @@ static cp_status workspace(cp_attn_plan *p, void *ws, size_t bytes, size_t need,
     return CP_SUCCESS;
 }
 
+/* The communicators a call of p exchanges on, in the order of their first
+ * use: the hybrid's a2a comes before its ring. */
+static int first_exchanges(const cp_attn_plan *p, cp_comm **first)
+{
+    int n = 0;
+    if (p->d.mode == CP_MODE_ALL_GATHER) {
+        first[n++] = p->g->comm;
+        return n;
+    }
+    if (p->a2a_comm)
+        first[n++] = p->a2a_comm;
+    if (p->ring_comm)
+        first[n++] = p->ring_comm;
+    return n;
+}
+
+/* A forward or backward with this rank's verdict on its arguments: every
+ * rank takes part in the agreement, so that a bad argument on one rank
+ * fails them all at once, and the same exchanges happen everywhere. */
+static cp_status run_call(cp_attn_plan *p, const char *func, cp_status local, int backward, const void *args,
+                          cpi_arena *ws)
+{
+    cpi_agree_call call = { .func = func, .ctx = p->ctx, .comm = p->g->comm, .timeout_ms = p->g->cfg.timeout_ms,
+                            .stream_only = true };
+    call.nfirst = first_exchanges(p, call.first);
+    cpi_agreement ag;
+    CPI_TRY(cpi_agree_open(&ag, &call, local));
+    return cpi_agree_close(&ag, run_mode(p, backward, args, ws));
+}
+
 CP_EXPORT cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
                                     float *lse, void *workspace_ptr, size_t workspace_bytes)
 {
@@ -322,11 +347,12 @@ CP_EXPORT cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *
     const size_t es = cpi_dtype_size(p->d.dtype);
     const tensor_arg t[] = { { "q", q, es }, { "k", k, es }, { "v", v, es }, { "out", out, es },
                              { "lse", lse, sizeof(float) } };
-    CPI_TRY(check_tensors(__func__, t, sizeof t / sizeof t[0]));
     cpi_arena a;
-    CPI_TRY(workspace(p, workspace_ptr, workspace_bytes, p->ws_fwd, __func__, &a));
+    cp_status local = check_tensors(__func__, t, sizeof t / sizeof t[0]);
+    if (local == CP_SUCCESS)
+        local = workspace(p, workspace_ptr, workspace_bytes, p->ws_fwd, __func__, &a);
     cpi_fwd_args args = { q, k, v, out, lse };
-    return run_mode(p, 0, &args, &a);
+    return run_call(p, __func__, local, 0, &args, &a);
 }
 
 CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void *k, const void *v,
@@ -338,11 +364,12 @@ CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void 
     const tensor_arg t[] = { { "q", q, es },     { "k", k, es },   { "v", v, es },
                              { "out", out, es }, { "lse", lse, sizeof(float) }, { "dout", dout, es },
                              { "dq", dq, es },   { "dk", dk, es }, { "dv", dv, es } };
-    CPI_TRY(check_tensors(__func__, t, sizeof t / sizeof t[0]));
     cpi_arena a;
-    CPI_TRY(workspace(p, workspace_ptr, workspace_bytes, p->ws_bwd, __func__, &a));
+    cp_status local = check_tensors(__func__, t, sizeof t / sizeof t[0]);
+    if (local == CP_SUCCESS)
+        local = workspace(p, workspace_ptr, workspace_bytes, p->ws_bwd, __func__, &a);
     cpi_bwd_args args = { q, k, v, out, dout, lse, dq, dk, dv };
-    return run_mode(p, 1, &args, &a);
+    return run_call(p, __func__, local, 1, &args, &a);
 }
 
 CP_EXPORT void cp_attn_plan_destroy(cp_attn_plan *p)

@@ -20,6 +20,7 @@ const char *cpi_call_name(int32_t kind)
     case CPI_CALL_BARRIER: return "barrier";
     case CPI_CALL_SPLIT: return "split";
     case CPI_CALL_ALL_TO_ALL_2D: return "all_to_all_2d";
+    case CPI_CALL_REJECT: return "agreement";
     }
     return "unknown collective";
 }
@@ -103,6 +104,14 @@ int cpi_call_failed_rank(const cpi_call *all, int n)
 {
     for (int i = 0; i < n; i++)
         if (all[i].status != 0)
+            return i;
+    return -1;
+}
+
+int cpi_call_rejecting_rank(const cpi_call *all, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (all[i].kind == CPI_CALL_REJECT)
             return i;
     return -1;
 }

@@ -22,6 +22,11 @@ typedef enum cpi_call_kind {
     CPI_CALL_BARRIER = 6,
     CPI_CALL_SPLIT = 7,
     CPI_CALL_ALL_TO_ALL_2D = 8, /* size: bytes per row, recv: rows per block */
+    /* Stands in for whatever the peers call next: the rank failed before a
+     * collective call's first exchange on this communicator (status), and
+     * a and b say which rank of the call's whole communicator failed first
+     * and its size (lib/comm/agree.h). */
+    CPI_CALL_REJECT = 9,
 } cpi_call_kind;
 
 /* Fixed-size and free of pointers, so it can travel as bytes. */
@@ -50,5 +55,8 @@ bool cpi_call_agree(const cpi_call *all, int n, char *why, size_t cap);
 
 /* The first rank (or -1) whose descriptor carries a nonzero status. */
 int cpi_call_failed_rank(const cpi_call *all, int n);
+
+/* The first rank (or -1) whose descriptor is a CPI_CALL_REJECT. */
+int cpi_call_rejecting_rank(const cpi_call *all, int n);
 
 #endif

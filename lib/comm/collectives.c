@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/agree.h"
 #include "comm/group.h"
 
 cp_xfer cpi_xfer_resolve(const cp_xfer *x)
@@ -16,6 +17,15 @@ cp_xfer cpi_xfer_resolve(const cp_xfer *x)
         r.backend_state = NULL;
     }
     return r;
+}
+
+/* The transport is done with an exchange on c: the first of a call whose
+ * verdict rides it (agree.h) settles the agreement on c. */
+static cp_status exchanged(cp_comm *c, cp_status s)
+{
+    if (c->agreement)
+        cpi_agree_exchanged(c, s);
+    return s;
 }
 
 static cp_status check_comm(const char *name, const cp_comm *c, const cp_xfer *x)
@@ -39,12 +49,6 @@ static cp_status checked_mul(const char *name, const char *what, size_t bytes, s
     return CP_SUCCESS;
 }
 
-static bool overlap(const void *a, size_t an, const void *b, size_t bn)
-{
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return an && bn && x < y + bn && y < x + an;
-}
-
 static cp_status check_reduction(const char *name, cp_dtype dtype, cp_reduce_op op)
 {
     CPI_CHECK(cpi_dtype_valid(dtype), "%s: dtype = %d (not a cp_dtype)", name, (int)dtype);
@@ -63,11 +67,11 @@ cp_status cpi_all_gather(cp_comm *c, const cp_xfer *x, const void *send, void *r
     CPI_TRY(check_buffer(name, "recv", recv, bytes));
     /* In place means send is this rank's own block of recv. */
     const char *own = (const char *)recv + (size_t)c->rank * bytes;
-    CPI_CHECK(send == own || !overlap(send, bytes, recv, total),
+    CPI_CHECK(send == own || !cpi_overlap(send, bytes, recv, total),
               "%s: send %p overlaps recv %p but is not its block %d (in place is send == recv + rank*bytes)",
               name, send, recv, c->rank);
     cp_xfer r = cpi_xfer_resolve(x);
-    return c->ops->all_gather(c->impl, &r, send, recv, bytes);
+    return exchanged(c, c->ops->all_gather(c->impl, &r, send, recv, bytes));
 }
 
 cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
@@ -82,7 +86,7 @@ cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, voi
     CPI_TRY(check_buffer(name, "send", send, total));
     CPI_TRY(check_buffer(name, "recv", recv, block));
     cp_xfer r = cpi_xfer_resolve(x);
-    return c->ops->reduce_scatter(c->impl, &r, send, recv, count, dtype, op);
+    return exchanged(c, c->ops->reduce_scatter(c->impl, &r, send, recv, count, dtype, op));
 }
 
 cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes)
@@ -93,10 +97,10 @@ cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *r
     CPI_TRY(checked_mul(name, "bytes", bytes, (size_t)c->size, &total));
     CPI_TRY(check_buffer(name, "send", send, bytes));
     CPI_TRY(check_buffer(name, "recv", recv, bytes));
-    CPI_CHECK(!overlap(send, total, recv, total), "%s: send %p and recv %p overlap (%zu bytes each)", name,
+    CPI_CHECK(!cpi_overlap(send, total, recv, total), "%s: send %p and recv %p overlap (%zu bytes each)", name,
               send, recv, total);
     cp_xfer r = cpi_xfer_resolve(x);
-    return c->ops->all_to_all(c->impl, &r, send, recv, bytes);
+    return exchanged(c, c->ops->all_to_all(c->impl, &r, send, recv, bytes));
 }
 
 bool cpi_comm_has_all_to_all_2d(const cp_comm *c)
@@ -144,11 +148,12 @@ cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, ptrd
     CPI_TRY(check_buffer(name, "send", send, slen));
     CPI_TRY(check_buffer(name, "recv", recv, rlen));
     const char *s0 = slen ? (const char *)send + slo : NULL, *r0 = rlen ? (const char *)recv + rlo : NULL;
-    CPI_CHECK(!overlap(s0, slen, r0, rlen), "%s: send %p (%zu bytes from %p) and recv %p (%zu bytes from %p) overlap",
-              name, send, slen, (const void *)s0, recv, rlen, (const void *)r0);
+    CPI_CHECK(!cpi_overlap(s0, slen, r0, rlen),
+              "%s: send %p (%zu bytes from %p) and recv %p (%zu bytes from %p) overlap", name, send, slen,
+              (const void *)s0, recv, rlen, (const void *)r0);
     cp_xfer r = cpi_xfer_resolve(x);
-    return cpi_local_all_to_all_2d(c->impl, &r, send, send_step, send_pitch, recv, recv_step, recv_pitch, width,
-                                   rows);
+    return exchanged(c, cpi_local_all_to_all_2d(c->impl, &r, send, send_step, send_pitch, recv, recv_step,
+                                                recv_pitch, width, rows));
 }
 
 cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
@@ -160,10 +165,10 @@ cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t se
     CPI_CHECK(src >= 0 && src < c->size, "%s: src = %d (must be in [0, %d))", name, src, c->size);
     CPI_TRY(check_buffer(name, "send", send, send_bytes));
     CPI_TRY(check_buffer(name, "recv", recv, recv_bytes));
-    CPI_CHECK(!overlap(send, send_bytes, recv, recv_bytes), "%s: send %p (%zu bytes) and recv %p (%zu bytes) overlap",
-              name, send, send_bytes, recv, recv_bytes);
+    CPI_CHECK(!cpi_overlap(send, send_bytes, recv, recv_bytes),
+              "%s: send %p (%zu bytes) and recv %p (%zu bytes) overlap", name, send, send_bytes, recv, recv_bytes);
     cp_xfer r = cpi_xfer_resolve(x);
-    return c->ops->sendrecv(c->impl, &r, send, send_bytes, dst, recv, recv_bytes, src);
+    return exchanged(c, c->ops->sendrecv(c->impl, &r, send, send_bytes, dst, recv, recv_bytes, src));
 }
 
 cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
@@ -176,17 +181,17 @@ cp_status cpi_all_reduce(cp_comm *c, const cp_xfer *x, const void *send, void *r
     CPI_TRY(checked_mul(name, "count", count, cpi_dtype_size(dtype), &bytes));
     CPI_TRY(check_buffer(name, "send", send, bytes));
     CPI_TRY(check_buffer(name, "recv", recv, bytes));
-    CPI_CHECK(send == recv || !overlap(send, bytes, recv, bytes),
+    CPI_CHECK(send == recv || !cpi_overlap(send, bytes, recv, bytes),
               "%s: send %p and recv %p overlap without being equal", name, send, (void *)recv);
     cp_xfer r = cpi_xfer_resolve(x);
-    return c->ops->all_reduce(c->impl, &r, send, recv, count, dtype, op);
+    return exchanged(c, c->ops->all_reduce(c->impl, &r, send, recv, count, dtype, op));
 }
 
 cp_status cpi_barrier(cp_comm *c, const cp_xfer *x)
 {
     CPI_TRY(check_comm("barrier", c, x));
     cp_xfer r = cpi_xfer_resolve(x);
-    return c->ops->barrier(c->impl, &r);
+    return exchanged(c, c->ops->barrier(c->impl, &r));
 }
 
 cp_status cpi_comm_wait(cp_comm *c, const cp_xfer *x)

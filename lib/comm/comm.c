@@ -2,7 +2,7 @@
 /* cp_comm: the transport-neutral communicator handle. */
 #include <stdlib.h>
 
-#include "comm/comm.h"
+#include "comm/agree.h"
 
 /* The first published transport table ends with destroy. */
 #define TRANSPORT_OPS_V1_SIZE (offsetof(cp_transport_ops, destroy) + sizeof(void (*)(void *)))
@@ -36,10 +36,13 @@ cp_status cpi_comm_split(cp_comm *c, int color, int key, int timeout_ms, cp_comm
     *out = NULL;
     void *impl = NULL;
     int rank = -1, size = 0;
-    CPI_TRY(c->ops->split(c->impl, color, key, timeout_ms, &impl, &rank, &size));
+    cp_status s = c->ops->split(c->impl, color, key, timeout_ms, &impl, &rank, &size);
+    if (c->agreement)
+        cpi_agree_exchanged(c, s);
+    CPI_TRY(s);
     if (!impl)
         return CP_SUCCESS; /* a negative color: not a member */
-    cp_status s = cpi_comm_wrap(c->ops, impl, rank, size, out);
+    s = cpi_comm_wrap(c->ops, impl, rank, size, out);
     if (s != CP_SUCCESS)
         c->ops->destroy(impl);
     return s;
@@ -47,10 +50,15 @@ cp_status cpi_comm_split(cp_comm *c, int color, int key, int timeout_ms, cp_comm
 
 CP_EXPORT cp_status cp_comm_split(cp_comm *c, int color, int key, cp_comm **out)
 {
-    CPI_CHECK_PTR(out);
-    *out = NULL;
+    if (out)
+        *out = NULL;
     CPI_CHECK_PTR(c);
-    return cpi_comm_split(c, color, key, CPI_DEFAULT_TIMEOUT_MS, out);
+    /* A rank without out still takes part, so that its peers fail at once. */
+    cp_status local = out ? CP_SUCCESS : cpi_error(CP_ERROR_INVALID_ARGUMENT, "%s: out is NULL", __func__);
+    const cpi_agree_call call = { .func = __func__, .comm = c, .timeout_ms = CPI_DEFAULT_TIMEOUT_MS };
+    cpi_agreement ag;
+    CPI_TRY(cpi_agree_open(&ag, &call, local));
+    return cpi_agree_close(&ag, cpi_comm_split(c, color, key, CPI_DEFAULT_TIMEOUT_MS, out));
 }
 
 CP_EXPORT cp_status cp_comm_rank(const cp_comm *c, int *rank)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "comm/agree.h"
 #include "comm/group.h"
 
 /* First published cp_group_config: everything up to num_streams. */
@@ -25,34 +26,41 @@ static cp_status check_config(const cp_group_config *c, int size)
     return CP_SUCCESS;
 }
 
-/* Ranks with different a2a sizes would split into inconsistent sub-groups:
- * compare (max, -min) over the communicator first (through ctx's device:
- * NCCL moves device memory only). */
-static cp_status check_agreement(cp_context *ctx, cp_comm *comm, const cp_group_config *c)
-{
-    double v[2] = { c->a2a_size, -c->a2a_size };
-    CPI_TRY(cpi_all_reduce_host(ctx, comm, c->timeout_ms, v, 2, CP_REDUCE_MAX));
-    if (v[0] != -v[1])
-        return cpi_error(CP_ERROR_MISMATCH, "cp_group_create: ranks disagree on cfg->a2a_size (%g to %g)",
-                         -v[1], v[0]);
-    return CP_SUCCESS;
-}
-
 CP_EXPORT cp_status cp_group_create(cp_context *ctx, cp_comm *comm, const cp_group_config *cfg, cp_group **out)
 {
-    CPI_CHECK_PTR(out);
-    *out = NULL;
-    CPI_CHECK_PTR(ctx);
+    if (out)
+        *out = NULL;
     CPI_CHECK_PTR(comm);
+    /* A rank with bad arguments still takes part in the agreement, so that
+     * its peers fail at once. Ranks with different a2a sizes would split
+     * into inconsistent sub-groups: they are compared there too. */
     static const cp_group_config defaults = CP_GROUP_CONFIG_INIT;
-    cp_group_config c;
-    CPI_TRY(cpi_copy_config(&c, sizeof c, &defaults, cfg, GROUP_CONFIG_V1_SIZE, __func__, "cfg"));
-    CPI_TRY(check_config(&c, comm->size));
-    CPI_TRY(check_agreement(ctx, comm, &c));
+    cp_group_config c = defaults;
+    cp_status local = CP_SUCCESS;
+    if (!out)
+        local = cpi_error(CP_ERROR_INVALID_ARGUMENT, "%s: out is NULL", __func__);
+    else if (!ctx)
+        local = cpi_error(CP_ERROR_INVALID_ARGUMENT, "%s: ctx is NULL", __func__);
+    else if ((local = cpi_copy_config(&c, sizeof c, &defaults, cfg, GROUP_CONFIG_V1_SIZE, __func__, "cfg")) ==
+             CP_SUCCESS)
+        local = check_config(&c, comm->size);
+    cp_group *g = NULL;
+    if (local == CP_SUCCESS && !(g = cpi_calloc(1, sizeof *g)))
+        local = CP_ERROR_OUT_OF_MEMORY;
+    const cpi_agree_field fields[] = { { "cfg->a2a_size", (uint64_t)c.a2a_size, false } };
+    const cpi_agree_call call = { .func = __func__,
+                                  .ctx = ctx,
+                                  .comm = comm,
+                                  .timeout_ms = local == CP_SUCCESS ? c.timeout_ms : defaults.timeout_ms,
+                                  .fields = fields,
+                                  .nfields = 1 };
+    cpi_agreement ag;
+    cp_status s = cpi_agree_open(&ag, &call, local);
+    if (s != CP_SUCCESS) {
+        free(g);
+        return s;
+    }
 
-    cp_group *g = cpi_calloc(1, sizeof *g);
-    if (!g)
-        return CP_ERROR_OUT_OF_MEMORY;
     g->ctx = ctx;
     g->comm = comm;
     g->cfg = c;
@@ -60,7 +68,7 @@ CP_EXPORT cp_status cp_group_create(cp_context *ctx, cp_comm *comm, const cp_gro
     g->size = comm->size;
     /* a2a: consecutive blocks of a2a_size ranks; p2p: one rank of each block. */
     int a = c.a2a_size;
-    cp_status s = cpi_comm_split(comm, comm->rank / a, comm->rank, c.timeout_ms, &g->a2a);
+    s = cpi_comm_split(comm, comm->rank / a, comm->rank, c.timeout_ms, &g->a2a);
     if (s == CP_SUCCESS)
         s = cpi_comm_split(comm, comm->rank % a, comm->rank, c.timeout_ms, &g->p2p);
     if (s != CP_SUCCESS) {

@@ -90,6 +90,8 @@ typedef struct local_comm {
     /* the call in progress, in stream order: its backend and own events */
     const cp_xfer *ordered;
     void *ready, *copied;
+    /* the peer's CPI_CALL_REJECT that failed the last call (kind 0: none) */
+    cpi_call rejected;
 } local_comm;
 
 static void world_free_arrays(world *w)
@@ -362,6 +364,7 @@ static cp_status enter(local_comm *c, const cp_xfer *x, cpi_call call, const voi
 {
     world *w = c->w;
     c->kind = call.kind;
+    c->rejected = (cpi_call){ 0 };
     c->ordered = order ? stream_ordered(w, x) : NULL;
     c->ready = c->copied = NULL;
     /* Peers read send as soon as all have arrived: work queued on this
@@ -380,9 +383,15 @@ static cp_status enter(local_comm *c, const cp_xfer *x, cpi_call call, const voi
     }
 
     char why[256];
-    int f = cpi_call_failed_rank(w->calls, w->size);
-    if (f == c->rank)
+    int f = cpi_call_failed_rank(w->calls, w->size), r = cpi_call_rejecting_rank(w->calls, w->size);
+    if (r >= 0 && r != c->rank)
+        c->rejected = w->calls[r];
+    if (call.status != CP_SUCCESS)
         s = (cp_status)call.status; /* the message is this thread's already */
+    else if (r >= 0) /* the caller's agreement (agree.c) words what the peer said */
+        s = cpi_error(CP_ERROR_COMM, "local %s: rank %d of %d failed before the call's first exchange (%s)",
+                      cpi_call_name(call.kind), w->calls[r].a, w->calls[r].b,
+                      cp_status_string((cp_status)w->calls[r].status));
     else if (f >= 0)
         s = cpi_error(CP_ERROR_COMM, "local %s: rank %d failed before the exchange (%s)",
                       cpi_call_name(call.kind), f, cp_status_string((cp_status)w->calls[f].status));
@@ -599,6 +608,27 @@ static cp_status local_reduce_scatter(void *impl, const cp_xfer *x, const void *
                                       size_t count, cp_dtype dtype, cp_reduce_op op)
 {
     return local_reduce(impl, x, CPI_CALL_REDUCE_SCATTER, send, recv, count, dtype, op);
+}
+
+/* ---- agreement ---------------------------------------------------------- */
+
+cp_status cpi_local_reject(void *impl, int timeout_ms, cp_status s, int origin, int size)
+{
+    cpi_call call = cpi_call_make(CPI_CALL_REJECT, 0, -1, -1);
+    call.status = (int32_t)s;
+    call.a = origin;
+    call.b = size;
+    return enter(impl, NULL, call, NULL, timeout_ms, false);
+}
+
+bool cpi_local_rejected(const void *impl, int *origin, cp_status *s)
+{
+    const local_comm *c = impl;
+    if (c->rejected.kind != CPI_CALL_REJECT)
+        return false;
+    *origin = c->rejected.a;
+    *s = (cp_status)c->rejected.status;
+    return true;
 }
 
 /* ---- split and lifetime ------------------------------------------------- */

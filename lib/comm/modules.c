@@ -2,9 +2,10 @@
 /* Communicators over foreign handles come from transport modules, loaded
  * the first time one is asked for and kept for the life of the process. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
-#include "comm/comm.h"
+#include "comm/agree.h"
 
 typedef struct transport_module {
     const char *file;
@@ -44,14 +45,37 @@ static void load_mpi(void)
 
 CP_EXPORT cp_status cp_comm_create_mpi(void *mpi_comm, cp_comm **out)
 {
-    CPI_CHECK_PTR(out);
-    *out = NULL;
+    if (out)
+        *out = NULL;
     CPI_CHECK_PTR(mpi_comm);
+    /* The module duplicates the MPI communicator, which is collective and
+     * cannot time out: a rank without out still does, and then tells its
+     * peers (one small all-reduce), so that none of them goes on with a
+     * communicator this rank does not have. Where it cannot take part, its
+     * own reason comes first. */
+    char why[512] = "";
+    cp_status local = CP_SUCCESS;
+    if (!out) {
+        local = cpi_error(CP_ERROR_INVALID_ARGUMENT, "%s: out is NULL", __func__);
+        snprintf(why, sizeof why, "%s", cp_last_error());
+    }
     pthread_once(&mpi_module.once, load_mpi);
-    if (mpi_module.status != CP_SUCCESS)
-        return cpi_error(mpi_module.status, "%s: %s", __func__, mpi_module.error);
-    cp_status s = mpi_module.table->create(&cpi_module_host, mpi_comm, out);
-    if (s == CP_SUCCESS && !*out)
-        return cpi_error(CP_ERROR_INTERNAL, "%s: %s returned no communicator", __func__, mpi_module.file);
-    return s;
+    cp_status s = mpi_module.status;
+    if (s != CP_SUCCESS)
+        s = cpi_error(s, "%s: %s", __func__, mpi_module.error);
+    cp_comm *c = NULL;
+    if (s == CP_SUCCESS && (s = mpi_module.table->create(&cpi_module_host, mpi_comm, &c)) == CP_SUCCESS && !c)
+        s = cpi_error(CP_ERROR_INTERNAL, "%s: %s returned no communicator", __func__, mpi_module.file);
+    if (s != CP_SUCCESS)
+        return local != CP_SUCCESS ? cpi_error(local, "%s", why) : s;
+    const cpi_agree_call call = { .func = __func__, .comm = c, .timeout_ms = CPI_DEFAULT_TIMEOUT_MS };
+    cpi_agreement ag;
+    if ((s = cpi_agree_open(&ag, &call, local)) == CP_SUCCESS)
+        s = cpi_agree_close(&ag, CP_SUCCESS);
+    if (s != CP_SUCCESS) {
+        cp_comm_destroy(c);
+        return s;
+    }
+    *out = c;
+    return CP_SUCCESS;
 }

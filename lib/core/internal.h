@@ -59,6 +59,13 @@ static inline bool cpi_add(size_t a, size_t b, size_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
+/* Do byte ranges [a, a + an) and [b, b + bn) share a byte? */
+static inline bool cpi_overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return an && bn && x < y + bn && y < x + an;
+}
+
 /* Bytes of one element; 0 for an unknown dtype. */
 size_t cpi_dtype_size(cp_dtype t);
 bool cpi_dtype_valid(cp_dtype t);

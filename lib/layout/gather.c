@@ -2,14 +2,9 @@
 /* cp_layout_gather: every rank's share back into the whole sequence. */
 #include <stdint.h>
 
+#include "comm/agree.h"
 #include "comm/group.h"
 #include "layout/spans.h"
-
-static bool overlap(const void *a, size_t an, const void *b, size_t bn)
-{
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + bn && y < x + an;
-}
 
 /* Place rank j's shard (batch rows of its spans, in its local order) at the
  * spans' global positions. */
@@ -29,36 +24,58 @@ static cp_status place(cp_context *ctx, cp_layout l, int size, int j, const char
     return CP_SUCCESS;
 }
 
+/* What this rank can check alone; *shard and *total: bytes of a rank's
+ * share and of the whole tensor. */
+static cp_status check_args(const cp_group *g, cp_layout l, const void *local, const void *global, int64_t batch,
+                            int64_t seq_len, size_t token_bytes, size_t *shard, size_t *total)
+{
+    static const char f[] = "cp_layout_gather";
+    CPI_CHECK(local != NULL, "%s: local is NULL", f);
+    CPI_CHECK(global != NULL, "%s: global is NULL", f);
+    CPI_TRY(cpi_layout_check(f, l, g->size, g->rank, seq_len));
+    CPI_CHECK(batch >= 1, "%s: batch = %lld (must be >= 1)", f, (long long)batch);
+    CPI_CHECK(token_bytes >= 1, "%s: token_bytes = %zu (must be >= 1)", f, token_bytes);
+    size_t rows;
+    CPI_CHECK((uint64_t)batch <= SIZE_MAX && cpi_mul((size_t)batch, (size_t)seq_len, &rows) &&
+                  cpi_mul(rows, token_bytes, total) && *total <= PTRDIFF_MAX,
+              "%s: batch = %lld x seq_len = %lld x token_bytes = %zu overflows the address space", f,
+              (long long)batch, (long long)seq_len, token_bytes);
+    *shard = *total / (size_t)g->size;
+    CPI_CHECK(!cpi_overlap(local, *shard, global, *total), "%s: local %p overlaps global %p", f, local, global);
+    return CP_SUCCESS;
+}
+
 CP_EXPORT cp_status cp_layout_gather(cp_group *g, cp_layout l, const void *local, void *global, int64_t batch,
                                      int64_t seq_len, size_t token_bytes)
 {
     CPI_CHECK_PTR(g);
-    CPI_CHECK_PTR(local);
-    CPI_CHECK_PTR(global);
-    CPI_TRY(cpi_layout_check(__func__, l, g->size, g->rank, seq_len));
-    CPI_CHECK(batch >= 1, "%s: batch = %lld (must be >= 1)", __func__, (long long)batch);
-    CPI_CHECK(token_bytes >= 1, "%s: token_bytes = %zu (must be >= 1)", __func__, token_bytes);
-    size_t rows, total, shard;
-    CPI_CHECK((uint64_t)batch <= SIZE_MAX && cpi_mul((size_t)batch, (size_t)seq_len, &rows) &&
-                  cpi_mul(rows, token_bytes, &total) && total <= PTRDIFF_MAX,
-              "%s: batch = %lld x seq_len = %lld x token_bytes = %zu overflows the address space", __func__,
-              (long long)batch, (long long)seq_len, token_bytes);
-    shard = total / (size_t)g->size;
-    CPI_CHECK(!overlap(local, shard, global, total), "%s: local %p overlaps global %p", __func__, local,
-              global);
-
     cp_context *ctx = g->ctx;
-    cp_xfer x = cpi_group_xfer(g);
-    /* Contiguous shards of one sequence are already in global order. */
-    if (l == CP_LAYOUT_CONTIGUOUS && batch == 1)
-        return cpi_all_gather(g->comm, &x, local, global, shard);
-
+    size_t shard = 0, total = 0;
+    /* Contiguous shards of one sequence are already in global order; others
+     * land in a staging buffer, taken before the agreement so that running
+     * out of memory fails every rank at once too. */
+    const bool direct = l == CP_LAYOUT_CONTIGUOUS && batch == 1;
     void *stage = NULL;
-    CPI_TRY(ctx->ops->alloc(ctx->state, total, &stage));
-    cp_status s = cpi_all_gather(g->comm, &x, local, stage, shard);
+    cp_status s = check_args(g, l, local, global, batch, seq_len, token_bytes, &shard, &total);
+    if (s == CP_SUCCESS && !direct)
+        s = ctx->ops->alloc(ctx->state, total, &stage);
+    /* A rank with bad arguments still takes part, so that its peers fail at once. */
+    const cpi_agree_call call = { .func = __func__, .ctx = ctx, .comm = g->comm, .timeout_ms = g->cfg.timeout_ms };
+    cpi_agreement ag;
+    if ((s = cpi_agree_open(&ag, &call, s)) != CP_SUCCESS) {
+        if (stage)
+            ctx->ops->free(ctx->state, stage); /* nothing was queued on it */
+        return s;
+    }
+
+    cp_xfer x = cpi_group_xfer(g);
+    if (direct)
+        return cpi_agree_close(&ag, cpi_all_gather(g->comm, &x, local, global, shard));
+    s = cpi_all_gather(g->comm, &x, local, stage, shard);
     for (int j = 0; j < g->size && s == CP_SUCCESS; j++)
         s = place(ctx, l, g->size, j, (const char *)stage + (size_t)j * shard, global, (size_t)batch, seq_len,
                   token_bytes);
+    s = cpi_agree_close(&ag, s);
     cp_status w = cpi_comm_wait(g->comm, &x);
     if (w != CP_SUCCESS)
         return s != CP_SUCCESS ? s : w; /* stage stays: freeing it would wait for a stuck stream */

@@ -46,6 +46,11 @@ CP_EXPORT cp_status cp_layout_shard(cp_context *ctx, cp_layout l, int cp_size, i
               __func__, (long long)batch, (long long)seq_len, token_bytes);
 
     size_t local_row = row / (size_t)cp_size;
+    /* A copy between overlapping buffers would read tokens it has already
+     * overwritten (and memcpy-like device copies do not allow it at all). */
+    CPI_CHECK(!cpi_overlap(global, total, local, total / (size_t)cp_size),
+              "%s: local %p (%zu bytes) overlaps global %p (%zu bytes)", __func__, local, total / (size_t)cp_size,
+              global, total);
     cpi_span spans[CPI_MAX_SPANS];
     int n = cpi_layout_spans(l, cp_size, cp_rank, seq_len, spans);
     size_t done = 0; /* bytes of each local row already filled */

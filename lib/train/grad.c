@@ -12,6 +12,7 @@
  */
 #include <stdlib.h>
 
+#include "comm/agree.h"
 #include "train/exchange.h"
 
 typedef struct bucket_run {
@@ -125,11 +126,17 @@ CP_EXPORT cp_status cp_grad_all_reduce(cp_context *ctx, cp_comm *comm, void *gra
         local = alloc_buffers(&r, count < per ? count : per);
 
     /* Ranks cut the buffer alike only if these agree; compare them before
-     * the first bucket, so a disagreement never leaves a rank waiting. */
-    static const char *const names[] = { "count", "dtype", "op", "bucket_bytes / element size" };
-    const uint64_t fields[] = { count, (uint64_t)dtype, (uint64_t)op, per };
-    cp_status s = cpi_train_agree(__func__, ctx, comm, fields, names, 4, local);
-
+     * the first bucket, so a disagreement never leaves a rank waiting. A
+     * rank with bad arguments still takes part. */
+    const cpi_agree_field fields[] = { { "count", count, false },
+                                       { "dtype", (uint64_t)dtype, false },
+                                       { "op", (uint64_t)op, false },
+                                       { "bucket_bytes / element size", per, false } };
+    const cpi_agree_call call = {
+        .func = __func__, .ctx = ctx, .comm = comm, .timeout_ms = CPI_TRAIN_TIMEOUT_MS, .fields = fields, .nfields = 4
+    };
+    cpi_agreement ag;
+    cp_status s = cpi_agree_open(&ag, &call, local);
     const size_t es = cpi_dtype_size(dtype);
     for (size_t i = 0; s == CP_SUCCESS && i < count; i += per) {
         const size_t n = count - i < per ? count - i : per;

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "comm/agree.h"
 #include "train/exchange.h"
 
 /* Token counts travel as doubles; beyond 2^53 they would not be exact. */
@@ -25,20 +26,11 @@ CP_EXPORT cp_status cp_loss_reduce(cp_context *ctx, cp_comm *comm, double loss_s
         local = cpi_error(CP_ERROR_INVALID_ARGUMENT, "%s: tokens = %lld (must be in [0, 2^53])", __func__,
                           (long long)tokens);
 
-    /* One sum of (loss, tokens, rejected): a rank with bad arguments still
-     * takes part, and its peers learn of it from the third number. */
-    double v[3] = { local == CP_SUCCESS ? loss_sum : 0.0, local == CP_SUCCESS ? (double)tokens : 0.0,
-                    local == CP_SUCCESS ? 0.0 : 1.0 };
-    char saved[512];
-    snprintf(saved, sizeof saved, "%s", cp_last_error());
-    cp_status s = cpi_train_all_reduce_host(ctx, comm, v, 3, CP_REDUCE_SUM);
-    if (local != CP_SUCCESS)
-        return cpi_error(local, "%s", saved);
-    if (s != CP_SUCCESS)
-        return s;
-    if (v[2] != 0.0)
-        return cpi_error(CP_ERROR_MISMATCH, "%s: rank %d of %d: %g other rank(s) rejected their arguments",
-                         __func__, comm->rank, comm->size, v[2]);
+    /* One sum of (loss, tokens) that carries every rank's verdict too: a
+     * rank with bad arguments still takes part, and its peers learn of it. */
+    double v[2] = { loss_sum, (double)tokens };
+    const cpi_agree_call call = { .func = __func__, .ctx = ctx, .comm = comm, .timeout_ms = CPI_TRAIN_TIMEOUT_MS };
+    CPI_TRY(cpi_agree_sum(&call, local, v, 2));
     /* Every rank sees the same total, so all fail here alike. */
     CPI_CHECK(v[1] <= (double)MAX_TOKENS, "%s: the total of tokens over %d ranks = %.17g exceeds 2^53", __func__,
               comm->size, v[1]);
