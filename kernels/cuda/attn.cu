@@ -15,11 +15,8 @@
 //  - cublas (attn_blas.cu): GEMM + softmax + GEMM over chunks of query rows,
 //    bounded memory; the fallback, and an independent reference for tests.
 // INFINICP_CUDA_ATTN=mma|simt|cublas forces a path where it applies (mma:
-// mma.sync also on Hopper), =wgmma the Hopper kernels where they fit;
-// INFINICP_CUDA_FWD_MT=1 makes the mma forward use one row tile per warp
-// (tuning; both variants are measured by tests/bench-gpu.c).
-// INFINICP_CUDA_WGMMA_WS=0 makes the Hopper forward load with cp.async instead
-// of its TMA loader warpgroup (tuning; attn_wgmma_fwd.cu).
+// mma.sync also on Hopper), =wgmma the Hopper kernels where they fit; the
+// other variables that pick a kernel variant are listed in knobs.cuh.
 //
 // Workspace: forward on the fused paths needs none; backward needs one float
 // per query row (rowsum(dO * O)); the cuBLAS path adds its chunk buffers, the
@@ -132,7 +129,7 @@ constexpr bool WGMMA_BY_DEFAULT = true;
 
 bool use_wgmma(const state *s, const attn_params &p)
 {
-    return (s->path == PATH_WGMMA || (s->path == PATH_AUTO && WGMMA_BY_DEFAULT)) && wgmma_fits(s, p);
+    return (s->knob.path == PATH_WGMMA || (s->knob.path == PATH_AUTO && WGMMA_BY_DEFAULT)) && wgmma_fits(s, p);
 }
 
 // The same for the backward (atomic variant only: deterministic = 1 keeps
@@ -142,15 +139,16 @@ constexpr bool WGMMA_BWD_BY_DEFAULT = true;
 
 bool use_wgmma_bwd(const state *s, const attn_params &p)
 {
-    return (s->path == PATH_WGMMA || (s->path == PATH_AUTO && WGMMA_BWD_BY_DEFAULT)) && wgmma_bwd_fits(s, p);
+    return (s->knob.path == PATH_WGMMA || (s->knob.path == PATH_AUTO && WGMMA_BWD_BY_DEFAULT)) &&
+           wgmma_bwd_fits(s, p);
 }
 
 attn_path choose(const state *s, const attn_params &p, int backward)
 {
     const bool mma = mma_fits(s, p, backward), simt = simt_fits(s, p, backward), blas = blas_fits(p, backward);
-    if (s->path == PATH_BLAS && blas)
+    if (s->knob.path == PATH_BLAS && blas)
         return PATH_BLAS;
-    if (s->path == PATH_SIMT && simt)
+    if (s->knob.path == PATH_SIMT && simt)
         return PATH_SIMT;
     if (mma)
         return PATH_MMA;
@@ -285,9 +283,9 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     // rowsum(dO * O): the kernels read it where the caller keeps it
     // (a->drow, laid out like lse), computed into it first unless an earlier
     // call stored it there (a->drow_ready); without a->drow, or with
-    // INFINICP_CUDA_DROW=0 (for comparison; bench/NOTES.md), it is computed
+    // INFINICP_CUDA_DROW=0 (knob.drow_reuse, for comparison), it is computed
     // into a dense buffer at the start of the workspace.
-    const bool caller = s->drow_reuse && a->drow;
+    const bool caller = s->knob.drow_reuse && a->drow;
     p.drow = caller ? a->drow : static_cast<float *>(w.base);
     p.drb = caller ? p.lsb : (int64_t)p.H * p.Sq;
     p.drh = caller ? p.lsh : p.Sq;

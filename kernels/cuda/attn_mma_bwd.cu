@@ -344,7 +344,7 @@ int atomic_warps(const state *s, const attn_params &p)
     if (s->deterministic)
         return 0;
     const int DP = padded_dim(p.D, p.Dv);
-    if (s->bwd_warps == 8 && DP <= 128 && dkdv_smem_nw(DP, 8, true) <= s->smem_optin)
+    if (s->knob.bwd_warps == 8 && DP <= 128 && dkdv_smem_nw(DP, 8, true) <= s->smem_optin)
         return 8;
     return dkdv_smem_nw(DP, 4, true) <= s->smem_optin ? 4 : 0;
 }

@@ -135,7 +135,7 @@ cp_status launch_fwd(state *s, const attn_params &p)
 template <typename T>
 cp_status forward_t(state *s, const attn_params &p)
 {
-    const bool one = s->fwd_mt == 1;
+    const bool one = s->knob.fwd_mt == 1;
     switch (padded_dim(p.D, p.Dv)) {
     case 64: return launch_fwd<T, 64, fwd_mt(64)>(s, p);
     case 128: return one ? launch_fwd<T, 128, 1>(s, p) : launch_fwd<T, 128, fwd_mt(128)>(s, p);

@@ -20,15 +20,14 @@
 // query tile Q, dO, their LSE and rowsum(dO * O) come through TMA into two
 // stages guarded by mbarriers; the consumers meet once per tile, at the
 // barrier that publishes dS^T. With more items (key blocks) than SMs it is
-// persistent: one block per SM takes items from a work counter
-// (INFINICP_CUDA_WGBWD=blocks: a block per item). Its dQ columns go through
-// shared memory to bulk tensor reductions (whole lines, one thread issuing
-// them), and so do dK and dV where they are F32 sums added into (the CP
-// layer's travelling accumulators); 16-bit dK and dV that are stored go
-// through shared memory to bulk tensor stores. The other kernel loads with
-// cp.async, double-buffered, one __syncthreads per tile, and adds dQ with
-// per-thread vector reductions: for tensors no tensor map describes, and as
-// INFINICP_CUDA_WGMMA_WS=0.
+// persistent: one block per SM takes items from a work counter. Its dQ
+// columns go through shared memory to bulk tensor reductions (whole lines,
+// one thread issuing them), and so do dK and dV where they are F32 sums
+// added into (the CP layer's travelling accumulators); 16-bit dK and dV that
+// are stored go through shared memory to bulk tensor stores. The other
+// kernel loads with cp.async, double-buffered, one __syncthreads per tile,
+// and adds dQ with per-thread vector reductions: for tensors no tensor map
+// describes, and as INFINICP_CUDA_WGMMA_WS=0.
 //
 // Masking is branch-free (a per-row query limit and selects; see
 // bench/NOTES.md: ptxas waits for every wgmma group at a branch join), so the
@@ -77,9 +76,8 @@ struct tile_smem {
 // dK is issued after dQ, and dq_sink(dq) takes this warpgroup's dQ columns
 // while the tensor cores compute dK (p.dqa_vec: 8-byte reductions straight
 // from the accumulators, or a copy to shared memory for a bulk reduction).
-// Without it (INFINICP_CUDA_WGBWD=0, for comparison, or rows without 16-byte
-// alignment): dV and dK before the barrier, and add_dq_rows once all three
-// are done.
+// Without it (rows without 16-byte alignment): dV and dK before the
+// barrier, and add_dq_rows once all three are done.
 template <typename T, int DP, bool LATE_DK, typename Sync, typename Sink>
 __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP / 8][4], float (&adv)[DP / 8][4],
                                          const tile_smem &a, int64_t i0, int h, int64_t b, int64_t jrow0, int kr,
@@ -711,7 +709,7 @@ cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, int64_t i
     cp_status r = allow_smem((const void *)kernel, bytes, what);
     if (r != CP_SUCCESS)
         return r;
-    const bool persist = s->wgbwd_persist && items > s->sm_count;
+    const bool persist = items > s->sm_count;
     int *counter = persist ? take_sched(s) : nullptr;
     kernel<<<(unsigned)(persist ? s->sm_count : items), WS_THREADS, bytes, s->stream>>>(p, mp, (int)epi, (int)items,
                                                                                       counter);
@@ -726,14 +724,14 @@ cp_status launch(state *s, const attn_params &p)
     wb_maps mp;
     bool dq_tma = false;
     int epi = EPI_ROWS;
-    if (!s->wgmma_cp && !s->wgbwd_early_dk && wgbwd_ws_smem(DP, false) <= s->smem_optin &&
-        items + s->sm_count <= INT32_MAX && make_maps(mp, p, &dq_tma, &epi)) {
-        if (dq_tma && !s->wgbwd_red && wgbwd_ws_smem(DP, true) <= s->smem_optin)
-            return launch_ws<T, DP, true>(s, p, mp, items, s->wgbwd_epi_ld ? EPI_ROWS : epi);
+    if (s->knob.wgmma_ws && wgbwd_ws_smem(DP, false) <= s->smem_optin && items + s->sm_count <= INT32_MAX &&
+        make_maps(mp, p, &dq_tma, &epi)) {
+        if (dq_tma && wgbwd_ws_smem(DP, true) <= s->smem_optin)
+            return launch_ws<T, DP, true>(s, p, mp, items, epi);
         return launch_ws<T, DP, false>(s, p, mp, items, EPI_ROWS);
     }
     constexpr int bytes = wgbwd_smem(DP);
-    auto kernel = s->wgbwd_early_dk || !p.dqa_vec ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;
+    auto kernel = !p.dqa_vec ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;
     const char *what = "attention backward dK/dV/dQ (wgmma)";
     cp_status r = allow_smem((const void *)kernel, bytes, what);
     if (r != CP_SUCCESS)

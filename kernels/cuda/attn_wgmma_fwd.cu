@@ -403,22 +403,21 @@ cp_status launch(state *s, const attn_params &p)
 {
     const dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
     wg_maps mp;
-    if (!s->wgmma_cp && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
+    if (s->knob.wgmma_ws && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
         (int64_t)grid.x * grid.y * grid.z + s->sm_count <= INT32_MAX &&
         wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
         wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
         wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
         constexpr int bytes = wgmma_ws_smem(DP);
-        auto kernel = p.c > 0 && !s->wgfwd_mask_all ? fwd_wgmma_ws_kernel<T, DP, true>
-                                                    : fwd_wgmma_ws_kernel<T, DP, false>;
+        auto kernel = p.c > 0 ? fwd_wgmma_ws_kernel<T, DP, true> : fwd_wgmma_ws_kernel<T, DP, false>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
         if (r != CP_SUCCESS)
             return r;
         // one item a block, or (persistent) one block an SM when there are
         // more items than SMs
         const int64_t items = (int64_t)grid.x * grid.y * grid.z;
-        const bool persist = s->wgfwd_persist && items > s->sm_count;
-        int *counter = persist && s->wgfwd_persist == 1 ? take_sched(s) : nullptr;
+        const bool persist = items > s->sm_count;
+        int *counter = persist ? take_sched(s) : nullptr;
         kernel<<<(unsigned)(persist ? s->sm_count : items), WS_THREADS, bytes, s->stream>>>(p, mp, (int)items,
                                                                                           counter);
         return check_launch("attention forward (wgmma, warp-specialised)");

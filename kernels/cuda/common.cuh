@@ -13,6 +13,8 @@
 
 #include <infinicp/backend.h>
 
+#include "knobs.cuh"
+
 namespace cu {
 
 // The core's services, handed to cp_backend_module_v1.
@@ -36,7 +38,7 @@ constexpr int MAX_STREAMS = 8;
 // this bounds how many may overlap.
 constexpr int SCHED_SLOTS = 64;
 
-// Attention path, forced by INFINICP_CUDA_ATTN (read when a context opens).
+// Attention path, forced by INFINICP_CUDA_ATTN (state::knob.path, knobs.cuh).
 // PATH_WGMMA is the mma path with the Hopper forward and backward kernels
 // where they fit (what PATH_AUTO picks when WGMMA_BY_DEFAULT /
 // WGMMA_BWD_BY_DEFAULT); PATH_MMA keeps mma.sync.
@@ -49,22 +51,11 @@ struct state {
     int current;                      // index of `stream`
     cudaStream_t aux[MAX_STREAMS];    // [1..] created on first use
     void *blas;                       // cublasHandle_t, created on first use
-    attn_path path;                   // forced path, PATH_AUTO by default
-    int fwd_mt;                       // forward row tiles per warp (tuning; 0 = default)
+    knobs knob;                       // the environment's settings, read when the context opens
     int sm_count;
     int smem_optin;                   // bytes of shared memory a block may opt into
     int cc;                           // compute capability, major * 10 + minor
     int deterministic;                // backward bitwise reproducible (no atomics); 0 = fastest
-    int bwd_warps;                    // warps of the atomic backward's blocks (tuning; 0 = default)
-    int drow_reuse;                   // take cp_kernel_attn_args.drow (INFINICP_CUDA_DROW=0: no)
-    int wgmma_cp;                     // wgmma kernels: 1 = the cp.async ones, not the TMA ones (tuning)
-    int wgbwd_early_dk;               // wgmma backward: the old product order (tuning; attn_wgmma_bwd.cu)
-    int wgbwd_red;                    // wgmma backward: dQ by vector reductions, not bulk ones (tuning)
-    int wgbwd_epi_ld;                 // wgmma backward: dK, dV by per-thread stores / load-add-stores (tuning)
-    int wgfwd_mask_all;               // wgmma forward: every tile masked, no fused scaling (tuning)
-    int copy_engine_only;             // every device copy on the copy engines (tuning; module.cu)
-    int wgfwd_persist;                // wgmma forward: 1 persistent, items from a counter; 2 static; 0 not (tuning)
-    int wgbwd_persist;                // wgmma backward: 1 persistent, items from a counter; 0 not (tuning)
     int *sched;                       // SCHED_SLOTS work counters of persistent kernels, 0 between launches
     unsigned sched_next;              // the slot the next launch takes
 };

@@ -2,11 +2,11 @@
 // The CUDA backend module: entry point, device and stream management, memory
 // and copies, and the backend table. The kernels live in the other files of
 // this folder: elementwise.cu (convert, reduce, merge), attn.cu (choice of
-// attention path), attn_mma.cu / attn_simt.cu / attn_blas.cu (the paths) and
-// nccl.cu (the NCCL transport).
+// attention path), attn_mma_*.cu / attn_wgmma_*.cu / attn_simt.cu /
+// attn_blas.cu (the paths) and nccl.cu (the NCCL transport); knobs.cu reads
+// the environment variables, once per context.
 #include <cstdarg>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -65,22 +65,6 @@ state *st(void *p)
     return static_cast<state *>(p);
 }
 
-attn_path path_from_env()
-{
-    const char *v = getenv("INFINICP_CUDA_ATTN");
-    if (!v)
-        return PATH_AUTO;
-    if (!strcmp(v, "mma"))
-        return PATH_MMA;
-    if (!strcmp(v, "wgmma"))
-        return PATH_WGMMA;
-    if (!strcmp(v, "simt"))
-        return PATH_SIMT;
-    if (!strcmp(v, "cublas"))
-        return PATH_BLAS;
-    return PATH_AUTO;
-}
-
 cp_status cu_open(int device_index, void *stream, int, void **out)
 {
     int n = 0;
@@ -95,27 +79,7 @@ cp_status cu_open(int device_index, void *stream, int, void **out)
         return fail(CP_ERROR_OUT_OF_MEMORY, "cuda: out of host memory");
     s->device = device_index;
     s->user = s->stream = static_cast<cudaStream_t>(stream);
-    s->path = path_from_env();
-    const char *mt = getenv("INFINICP_CUDA_FWD_MT"); // tuning knob, see attn_mma_fwd.cu
-    s->fwd_mt = mt && !strcmp(mt, "1") ? 1 : 0;
-    const char *bw = getenv("INFINICP_CUDA_BWD_WARPS"); // tuning knob, see attn_mma_bwd.cu
-    s->bwd_warps = bw && !strcmp(bw, "8") ? 8 : 0;
-    const char *ws = getenv("INFINICP_CUDA_WGMMA_WS"); // tuning knob, see attn_wgmma_fwd.cu, attn_wgmma_bwd.cu
-    s->wgmma_cp = ws && !strcmp(ws, "0");
-    const char *wb = getenv("INFINICP_CUDA_WGBWD"); // tuning knob, see attn_wgmma_bwd.cu
-    s->wgbwd_early_dk = wb && !strcmp(wb, "0");
-    s->wgbwd_red = wb && !strcmp(wb, "red");
-    s->wgbwd_epi_ld = wb && !strcmp(wb, "ld");
-    s->wgbwd_persist = !(wb && !strcmp(wb, "blocks")); // blocks: a block per item, not persistent
-    // 0: every tile masked, scores scaled first; blocks: a block per item, not persistent; static:
-    // persistent, every gridDim.x-th item (tuning, see attn_wgmma_fwd.cu)
-    const char *wf = getenv("INFINICP_CUDA_WGFWD");
-    s->wgfwd_mask_all = wf && !strcmp(wf, "0");
-    s->wgfwd_persist = wf && !strcmp(wf, "blocks") ? 0 : wf && !strcmp(wf, "static") ? 2 : 1;
-    const char *cp = getenv("INFINICP_CUDA_COPY"); // ce: no copy kernel (tuning), see cu_copy_2d
-    s->copy_engine_only = cp && !strcmp(cp, "ce");
-    const char *dr = getenv("INFINICP_CUDA_DROW"); // 0: compute the rowsum in every call, see attn.cu
-    s->drow_reuse = !(dr && !strcmp(dr, "0"));
+    s->knob = read_knobs();
     int major = 0, minor = 0;
     if ((e = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device_index)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index)) !=
@@ -246,8 +210,7 @@ cp_status cu_copy_2d(void *p, void *dst, size_t dpitch, const void *src, size_t 
     // about twice the copy engines' bandwidth and starts sooner on the small
     // pieces of an a2a exchange. Copies beside compute keep the engines, so
     // that they take no SMs from it.
-    if (kind == CP_COPY_DEVICE_TO_DEVICE && s->current == 0 && !s->copy_engine_only && on_device(s, dst) &&
-        on_device(s, src))
+    if (kind == CP_COPY_DEVICE_TO_DEVICE && s->current == 0 && on_device(s, dst) && on_device(s, src))
         return launch_copy_2d(s, dst, dpitch, src, spitch, width, height);
     if (dpitch == width && spitch == width)
         e = cudaMemcpyAsync(dst, src, width * height, kinds[kind], s->stream);
