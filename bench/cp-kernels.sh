@@ -8,7 +8,7 @@
 # the others are the CP=4 block calls of all ranks. If CP=4's kernel time
 # over the single rank's is as large as the ratio bench/cp.sh measures, the
 # overhead is in the kernels on the ring's shorter blocks, not in
-# communication or synchronisation (docs/GPU-TESTING.md run 13). Output in
+# communication or synchronisation (docs/notes/gpu-testing-runs.md, run 13). Output in
 # the folder given as $1 (default bench-logs): ncu-cp4.csv, kernels.txt.
 # Environment: BUILD (default build-gpu), GPU_ARCHS (default 90), MODE
 # (default p2p), LAYOUT (default zigzag).

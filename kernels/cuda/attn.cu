@@ -124,7 +124,7 @@ state *st(void *p)
 }
 
 // Whether the automatic choice takes the wgmma forward on Hopper (verified
-// against FP64 on an H200: docs/GPU-TESTING.md, run 5).
+// against FP64 on an H200: docs/notes/gpu-testing-runs.md, runs 7 and 9).
 constexpr bool WGMMA_BY_DEFAULT = true;
 
 bool use_wgmma(const state *s, const attn_params &p)
@@ -133,8 +133,8 @@ bool use_wgmma(const state *s, const attn_params &p)
 }
 
 // The same for the backward (atomic variant only: deterministic = 1 keeps
-// the mma.sync kernels; verified against FP64 on an H200: docs/GPU-TESTING.md,
-// run 8).
+// the mma.sync kernels; verified against FP64 on an H200:
+// docs/notes/gpu-testing-runs.md, run 8).
 constexpr bool WGMMA_BWD_BY_DEFAULT = true;
 
 bool use_wgmma_bwd(const state *s, const attn_params &p)

@@ -30,7 +30,7 @@
 // describes, and as INFINICP_CUDA_WGMMA_WS=0.
 //
 // Masking is branch-free (a per-row query limit and selects; see
-// bench/NOTES.md: ptxas waits for every wgmma group at a branch join), so the
+// docs/notes/bench-notes.md: ptxas waits for every wgmma group at a branch join), so the
 // probabilities of S^T are computed while dP^T is still in flight.
 //
 // P = 2^(S * scale * log2 e - LSE2) with LSE2 = +inf for rows that see no key
@@ -72,7 +72,7 @@ struct tile_smem {
 // async proxy). Returns with every product waited for: the tile's operands
 // may be overwritten then.
 //
-// How dQ reaches the fp32 sums (bench/NOTES.md). LATE_DK (the default):
+// How dQ reaches the fp32 sums (docs/notes/bench-notes.md). LATE_DK (the default):
 // dK is issued after dQ, and dq_sink(dq) takes this warpgroup's dQ columns
 // while the tensor cores compute dK (p.dqa_vec: 8-byte reductions straight
 // from the accumulators, or a copy to shared memory for a bulk reduction).

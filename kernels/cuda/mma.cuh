@@ -551,7 +551,7 @@ inline int padded_dim(int D, int Dv)
 // Tile shapes. Forward: 4 warps of 16 * MT query rows against BK keys. For
 // head dim 128 two row tiles per warp share every K / V fragment loaded from
 // shared memory, halving that traffic per product: +20-25% on an H200
-// (docs/GPU-TESTING.md). For 64 the doubled registers cost more than that
+// (docs/notes/gpu-testing-runs.md, run 2). For 64 the doubled registers cost more than that
 // saves (-10%), and 256 has no registers to spare. INFINICP_CUDA_FWD_MT=1
 // selects one tile for 128 too (tuning).
 __host__ __device__ constexpr int fwd_mt(int DP) { return DP == 128 ? 2 : 1; }
