@@ -1,46 +1,46 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The a2a (Ulysses) exchange inside a sub-group of A consecutive cp ranks
- * (DESIGN.md section 3): "to heads" turns every member's [its tokens, all
- * heads] into [the sub-group's tokens, its own head slice]; "to tokens" is
- * the way back. Member j owns query heads [j*hq, +hq) and kv heads
- * [j*Hkv/A, +hkv); when Hkv < A, A/Hkv members share (replicate) a kv head
- * and the way back sums their gradients.
+ * The a2a (Ulysses) exchange inside a sub-group of A = p->a2a_size
+ * consecutive cp ranks (docs/ARCHITECTURE.md, CP modes): "to heads" turns
+ * every member's [its tokens, all heads] into [the sub-group's tokens, its
+ * own head slice]; "to tokens" is the way back. Member j owns query heads
+ * [j*hq, +hq) and kv heads [j*Hkv/A, +hkv); when Hkv < A, A/Hkv members
+ * share (replicate) a kv head and the way back sums their gradients.
  */
 #include "attn/plan.h"
 
 static int32_t slice_first(const cp_attn_plan *p, int kv, int member)
 {
     if (kv)
-        return (int32_t)((int64_t)member * p->d.num_kv_heads / p->A);
+        return (int32_t)((int64_t)member * p->desc.num_kv_heads / p->a2a_size);
     return member * p->heads.hq;
 }
 
 static int sub_rank(const cp_attn_plan *p, int member)
 {
-    return p->ring_rank * p->A + member;
+    return p->ring_rank * p->a2a_size + member;
 }
 
 static cpi_lse block_l(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int member)
 {
     cpi_lse b = { NULL, p->s_loc, it->lse_h->heads, NULL };
-    b.p = (float *)base + (size_t)member * (size_t)p->d.batch * (size_t)b.heads * (size_t)p->s_loc;
+    b.data = (float *)base + (size_t)member * (size_t)p->desc.batch * (size_t)b.heads * (size_t)p->s_loc;
     return b;
 }
 
 size_t cpi_a2a_item_bytes(const cp_attn_plan *p, const cpi_a2a_item *it)
 {
     if (it->lse_h)
-        return (size_t)p->d.batch * (size_t)it->lse_h->heads * (size_t)p->s_loc * sizeof(float);
+        return (size_t)p->desc.batch * (size_t)it->lse_h->heads * (size_t)p->s_loc * sizeof(float);
     const cpi_tensor *h = it->tensor_h;
-    return (size_t)p->d.batch * (size_t)p->s_loc * (size_t)h->heads * (size_t)h->dim * cpi_dtype_size(h->dtype);
+    return (size_t)p->desc.batch * (size_t)p->s_loc * (size_t)h->heads * (size_t)h->dim * cpi_dtype_size(h->dtype);
 }
 
 /* Member m's spans in its local order and the head-side row where each
  * starts (sorted token-set order); returns how many. */
 static int member_spans(const cp_attn_plan *p, int m, cpi_span spans[CPI_MAX_SPANS], int64_t rows[CPI_MAX_SPANS])
 {
-    const int n = cpi_layout_spans(p->d.layout, p->P, sub_rank(p, m), p->d.seq_len, spans);
+    const int n = cpi_layout_spans(p->desc.layout, p->cp_size, sub_rank(p, m), p->desc.seq_len, spans);
     for (int i = 0; i < n; i++)
         rows[i] = cpi_tokset_row(&p->sub[p->ring_rank], spans[i].offset);
     return n;
@@ -94,10 +94,10 @@ static cp_status member_heads(const cp_attn_plan *p, const cpi_a2a_item *it, voi
  * LSE items ([batch, heads, tokens]) never are. */
 static int blocks_are_rows(const cp_attn_plan *p, const cpi_a2a_item *it)
 {
-    if (it->lse_h || (p->d.batch != 1 && p->d.format != CP_FORMAT_SBHD) ||
-        it->tensor_h->ntok != (int64_t)p->A * p->s_loc)
+    if (it->lse_h || (p->desc.batch != 1 && p->desc.format != CP_FORMAT_SBHD) ||
+        it->tensor_h->ntok != (int64_t)p->a2a_size * p->s_loc)
         return 0;
-    for (int m = 0; m < p->A; m++) {
+    for (int m = 0; m < p->a2a_size; m++) {
         cpi_span spans[CPI_MAX_SPANS];
         int64_t rows[CPI_MAX_SPANS];
         const int n = member_spans(p, m, spans, rows);
@@ -113,7 +113,7 @@ static int blocks_are_rows(const cp_attn_plan *p, const cpi_a2a_item *it)
 
 static cp_status exchange(const cp_attn_plan *p, void *send, void *recv, size_t block)
 {
-    cp_xfer x = cpi_group_xfer(p->g);
+    cp_xfer x = cpi_group_xfer(p->group);
     return cpi_all_to_all(p->a2a_comm, &x, send, recv, block);
 }
 
@@ -138,11 +138,11 @@ typedef struct direct {
 
 static int direct_plan(const cp_attn_plan *p, const cpi_a2a_item *it, direct *dp)
 {
-    if (it->lse_h || p->A < 2 || (p->d.batch != 1 && p->d.format != CP_FORMAT_SBHD) ||
-        (it->kv && p->d.num_kv_heads % p->A) || !cpi_comm_has_all_to_all_2d(p->a2a_comm))
+    if (it->lse_h || p->a2a_size < 2 || (p->desc.batch != 1 && p->desc.format != CP_FORMAT_SBHD) ||
+        (it->kv && p->desc.num_kv_heads % p->a2a_size) || !cpi_comm_has_all_to_all_2d(p->a2a_comm))
         return 0;
     const cpi_tensor *t = it->tensor, *h = it->tensor_h;
-    if (t->dtype != h->dtype || t->dim != h->dim || (int64_t)h->heads * p->A != t->heads)
+    if (t->dtype != h->dtype || t->dim != h->dim || (int64_t)h->heads * p->a2a_size != t->heads)
         return 0;
     const size_t es = cpi_dtype_size(t->dtype);
     dp->width = (size_t)h->heads * (size_t)h->dim * es;
@@ -160,7 +160,7 @@ static int direct_plan(const cp_attn_plan *p, const cpi_a2a_item *it, direct *dp
         dp->step[k] = r1[k] - r0[k];
         local += s0[k].len;
     }
-    for (int m = 1; m < p->A; m++) {
+    for (int m = 1; m < p->a2a_size; m++) {
         if (member_spans(p, m, s1, r1) != dp->n)
             return 0;
         for (int k = 0; k < dp->n; k++)
@@ -173,12 +173,12 @@ static int direct_plan(const cp_attn_plan *p, const cpi_a2a_item *it, direct *dp
 /* The direct exchanges of one item; to_heads: direction. */
 static cp_status exchange_direct(const cp_attn_plan *p, const cpi_a2a_item *it, const direct *dp, int to_heads)
 {
-    const int64_t B = p->d.batch;
+    const int64_t B = p->desc.batch;
     const size_t tok_t = (size_t)B * dp->pitch, tok_h = (size_t)B * dp->width; /* bytes of a token */
-    cp_xfer x = cpi_group_xfer(p->g);
+    cp_xfer x = cpi_group_xfer(p->group);
     for (int k = 0; k < dp->n; k++) {
-        char *tp = (char *)it->tensor->p + (size_t)dp->local[k] * tok_t;
-        char *hp = (char *)it->tensor_h->p + (size_t)dp->first[k] * tok_h;
+        char *tp = (char *)it->tensor->data + (size_t)dp->local[k] * tok_t;
+        char *hp = (char *)it->tensor_h->data + (size_t)dp->first[k] * tok_h;
         const ptrdiff_t hstep = (ptrdiff_t)dp->step[k] * (ptrdiff_t)tok_h;
         const size_t rows = (size_t)(dp->len[k] * B);
         CPI_TRY(to_heads ? cpi_all_to_all_2d(p->a2a_comm, &x, tp, (ptrdiff_t)dp->width, dp->pitch, hp, hstep,
@@ -200,12 +200,12 @@ cp_status cpi_a2a_to_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *
     direct dp;
     if (direct_plan(p, it, &dp))
         return exchange_direct(p, it, &dp, 1);
-    for (int m = 0; m < p->A; m++)
+    for (int m = 0; m < p->a2a_size; m++)
         CPI_TRY(member_heads(p, it, send, m, 1));
     if (blocks_are_rows(p, it))
-        return exchange(p, send, it->tensor_h->p, cpi_a2a_item_bytes(p, it));
+        return exchange(p, send, it->tensor_h->data, cpi_a2a_item_bytes(p, it));
     CPI_TRY(exchange(p, send, recv, cpi_a2a_item_bytes(p, it)));
-    for (int m = 0; m < p->A; m++)
+    for (int m = 0; m < p->a2a_size; m++)
         CPI_TRY(member_rows(p, it, recv, m, 0));
     return CP_SUCCESS;
 }
@@ -216,14 +216,14 @@ cp_status cpi_a2a_to_tokens(const cp_attn_plan *p, const cpi_a2a_item *it, void 
     if (direct_plan(p, it, &dp)) /* no replicated kv heads, so none to sum */
         return exchange_direct(p, it, &dp, 0);
     if (blocks_are_rows(p, it))
-        send = it->tensor_h->p;
+        send = it->tensor_h->data;
     else
-        for (int m = 0; m < p->A; m++)
+        for (int m = 0; m < p->a2a_size; m++)
             CPI_TRY(member_rows(p, it, send, m, 1));
     const size_t block = cpi_a2a_item_bytes(p, it);
     CPI_TRY(exchange(p, send, recv, block));
-    const int rep = it->kv && p->d.num_kv_heads < p->A ? p->A / p->d.num_kv_heads : 1;
-    for (int m = 0; m < p->A; m += rep) {
+    const int rep = it->kv && p->desc.num_kv_heads < p->a2a_size ? p->a2a_size / p->desc.num_kv_heads : 1;
+    for (int m = 0; m < p->a2a_size; m += rep) {
         if (sum_replicas && rep > 1) {
             const cpi_tensor *h = it->tensor_h;
             size_t count = block / cpi_dtype_size(h->dtype);

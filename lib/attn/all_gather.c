@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * all_gather (DESIGN.md section 3): every rank gathers the K and V of all
- * ranks (kv heads only) and attends its own queries to them; backward
- * computes dK, dV for all keys and reduce-scatters them to their owners.
+ * all_gather (docs/ARCHITECTURE.md, CP modes): every rank gathers the K
+ * and V of all ranks (kv heads only) and attends its own queries to them;
+ * backward computes dK, dV for all keys and reduce-scatters them to their
+ * owners.
  * The gathered blocks stay in rank order; p->sub[r] says which global
  * positions block r holds, so no reordering copy is needed.
  */
@@ -19,8 +20,8 @@ typedef struct gathered {
 
 static cp_status take_gathered(cp_attn_plan *p, cpi_arena *ws, int backward, gathered *g)
 {
-    const cp_attn_desc *d = &p->d;
-    const int64_t n = (int64_t)p->P * p->s_loc;
+    const cp_attn_desc *d = &p->desc;
+    const int64_t n = (int64_t)p->cp_size * p->s_loc;
     g->k = cpi_tensor_take(p, ws, n, d->num_kv_heads, d->head_dim, d->dtype);
     g->v = cpi_tensor_take(p, ws, n, d->num_kv_heads, d->head_dim_v, d->dtype);
     cpi_tensor one = { NULL, p->s_loc, d->num_kv_heads, d->head_dim, d->dtype };
@@ -34,14 +35,14 @@ static cp_status take_gathered(cp_attn_plan *p, cpi_arena *ws, int backward, gat
 
 static cp_status gather(cp_attn_plan *p, const void *k, const void *v, const gathered *g)
 {
-    cp_xfer x = cpi_group_xfer(p->g);
-    CPI_TRY(cpi_all_gather(p->g->comm, &x, k, g->k.p, g->kblock));
-    return cpi_all_gather(p->g->comm, &x, v, g->v.p, g->vblock);
+    cp_xfer x = cpi_group_xfer(p->group);
+    CPI_TRY(cpi_all_gather(p->group->comm, &x, k, g->k.data, g->kblock));
+    return cpi_all_gather(p->group->comm, &x, v, g->v.data, g->vblock);
 }
 
 cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena *ws)
 {
-    const cp_attn_desc *d = &p->d;
+    const cp_attn_desc *d = &p->desc;
     gathered g;
     CPI_TRY(take_gathered(p, ws, 0, &g));
     cpi_tensor o32 = cpi_tensor_take(p, ws, p->s_loc, d->num_heads, d->head_dim_v, CP_DTYPE_F32);
@@ -54,9 +55,9 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
     cpi_tensor out = cpi_user_tensor(p, a->out, d->num_heads, d->head_dim_v, d->dtype);
     CPI_TRY(gather(p, a->k, a->v, &g));
     CPI_TRY(cpi_init_partial(p, &o32, &lse));
-    for (int r = 0; r < p->P; r++) {
-        cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.p, r), v = cpi_tensor_block(p, &g.v, g.v.p, r);
-        cpi_block_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .o32 = &o32,
+    for (int r = 0; r < p->cp_size; r++) {
+        cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.data, r), v = cpi_tensor_block(p, &g.v, g.v.data, r);
+        cpi_attend_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .o32 = &o32,
                             .lse = &lse, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
         CPI_TRY(cpi_attend(p, &io, 0));
     }
@@ -65,8 +66,8 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
 
 cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena *ws)
 {
-    const cp_attn_desc *d = &p->d;
-    const int64_t n = (int64_t)p->P * p->s_loc;
+    const cp_attn_desc *d = &p->desc;
+    const int64_t n = (int64_t)p->cp_size * p->s_loc;
     gathered g;
     CPI_TRY(take_gathered(p, ws, 1, &g));
     cpi_tensor dkg = cpi_tensor_take(p, ws, n, d->num_kv_heads, d->head_dim, CP_DTYPE_F32);
@@ -89,19 +90,19 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
     CPI_TRY(cpi_zero(p, &dkg));
     CPI_TRY(cpi_zero(p, &dvg));
     CPI_TRY(cpi_zero(p, &dq32));
-    memset(p->drow_ready, 0, (size_t)p->mine.n);
-    for (int r = 0; r < p->P; r++) {
-        cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.p, r), v = cpi_tensor_block(p, &g.v, g.v.p, r);
-        cpi_tensor dk_r = cpi_tensor_block(p, &dkg, dkg.p, r), dv_r = cpi_tensor_block(p, &dvg, dvg.p, r);
-        cpi_block_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .lse = &lse,
+    memset(p->drow_ready, 0, (size_t)p->mine.nspans);
+    for (int r = 0; r < p->cp_size; r++) {
+        cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.data, r), v = cpi_tensor_block(p, &g.v, g.v.data, r);
+        cpi_tensor dk_r = cpi_tensor_block(p, &dkg, dkg.data, r), dv_r = cpi_tensor_block(p, &dvg, dvg.data, r);
+        cpi_attend_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .lse = &lse,
                             .o = &o, .dout = &dout, .dq32 = &dq32, .dk32 = &dk_r, .dv32 = &dv_r, .drow = drow,
                             .drow_ready = p->drow_ready, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
         CPI_TRY(cpi_attend(p, &io, 1));
     }
-    cp_xfer x = cpi_group_xfer(p->g);
-    CPI_TRY(cpi_reduce_scatter(p->g->comm, &x, dkg.p, dk32.p, g.kblock / cpi_dtype_size(d->dtype),
+    cp_xfer x = cpi_group_xfer(p->group);
+    CPI_TRY(cpi_reduce_scatter(p->group->comm, &x, dkg.data, dk32.data, g.kblock / cpi_dtype_size(d->dtype),
                                CP_DTYPE_F32, CP_REDUCE_SUM));
-    CPI_TRY(cpi_reduce_scatter(p->g->comm, &x, dvg.p, dv32.p, g.vblock / cpi_dtype_size(d->dtype),
+    CPI_TRY(cpi_reduce_scatter(p->group->comm, &x, dvg.data, dv32.data, g.vblock / cpi_dtype_size(d->dtype),
                                CP_DTYPE_F32, CP_REDUCE_SUM));
     CPI_TRY(cpi_convert_tensor(p, &dq, &dq32));
     CPI_TRY(cpi_convert_tensor(p, &dk, &dk32));

@@ -14,10 +14,35 @@
 /* First published cp_attn_desc: everything up to `mode`. */
 #define DESC_V1_SIZE (offsetof(cp_attn_desc, mode) + sizeof(cp_mode))
 
+/*
+ * Which code runs which mode (docs/ARCHITECTURE.md, CP modes). Three modes
+ * are one path, a2a_p2p.c, on differently shaped groups (check_mode sets
+ * a2a_size): a2a exchange inside sub-groups of a2a_size ranks (a2a.c), the
+ * ring across them (ring.c), a2a back. Every mode attends through
+ * span_pairs.c.
+ *
+ *   mode         a2a_size                runs
+ *   all_gather   1                       all_gather.c
+ *   p2p          1                       a2a_p2p.c: the ring (ring.c), no exchange
+ *   a2a          cp_size                 a2a_p2p.c: the exchange (a2a.c), a ring of one
+ *   a2a_p2p      the group's a2a_size    a2a_p2p.c: the exchange, the ring
+ */
+typedef struct mode_entry {
+    const char *name;
+    cp_status (*forward)(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena *ws);
+    cp_status (*backward)(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena *ws);
+} mode_entry;
+
+static const mode_entry modes[] = {
+    [CP_MODE_ALL_GATHER] = { "all_gather", cpi_all_gather_forward, cpi_all_gather_backward },
+    [CP_MODE_P2P] = { "p2p", cpi_a2a_p2p_forward, cpi_a2a_p2p_backward },
+    [CP_MODE_A2A] = { "a2a", cpi_a2a_p2p_forward, cpi_a2a_p2p_backward },
+    [CP_MODE_A2A_P2P] = { "a2a_p2p", cpi_a2a_p2p_forward, cpi_a2a_p2p_backward },
+};
+
 static const char *mode_name(cp_mode m)
 {
-    static const char *names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
-    return (unsigned)m < 4 ? names[m] : "unknown";
+    return (unsigned)m < sizeof modes / sizeof modes[0] ? modes[m].name : "unknown";
 }
 
 /* Everything about the descriptor that does not depend on the group. */
@@ -62,28 +87,28 @@ static cp_status check_desc(const cp_attn_desc *d)
 static cp_status check_mode(cp_attn_plan *p)
 {
     static const char *f = "cp_attn_plan_create";
-    const cp_attn_desc *d = &p->d;
+    const cp_attn_desc *d = &p->desc;
     switch (d->mode) {
     case CP_MODE_ALL_GATHER:
-    case CP_MODE_P2P: p->A = 1; break;
-    case CP_MODE_A2A: p->A = p->P; break;
-    case CP_MODE_A2A_P2P: p->A = p->g->cfg.a2a_size; break;
+    case CP_MODE_P2P: p->a2a_size = 1; break;
+    case CP_MODE_A2A: p->a2a_size = p->cp_size; break;
+    case CP_MODE_A2A_P2P: p->a2a_size = p->group->cfg.a2a_size; break;
     }
-    p->R = p->P / p->A;
-    if (p->A > 1) {
-        if (d->num_heads % p->A)
+    p->ring_size = p->cp_size / p->a2a_size;
+    if (p->a2a_size > 1) {
+        if (d->num_heads % p->a2a_size)
             return cpi_error(CP_ERROR_UNSUPPORTED,
                              "%s: mode %s needs num_heads = %d divisible by the a2a size %d", f,
-                             mode_name(d->mode), d->num_heads, p->A);
-        if (d->num_kv_heads % p->A && p->A % d->num_kv_heads)
+                             mode_name(d->mode), d->num_heads, p->a2a_size);
+        if (d->num_kv_heads % p->a2a_size && p->a2a_size % d->num_kv_heads)
             return cpi_error(CP_ERROR_UNSUPPORTED,
                              "%s: mode %s: num_kv_heads = %d neither divisible by the a2a size %d nor "
                              "dividing it (kv heads cannot be split or replicated)",
-                             f, mode_name(d->mode), d->num_kv_heads, p->A);
+                             f, mode_name(d->mode), d->num_kv_heads, p->a2a_size);
     }
-    p->heads.hq = d->num_heads / p->A;
-    p->heads.hkv = d->num_kv_heads >= p->A ? d->num_kv_heads / p->A : 1;
-    return cpi_layout_check(f, d->layout, p->P, p->rank, d->seq_len);
+    p->heads.hq = d->num_heads / p->a2a_size;
+    p->heads.hkv = d->num_kv_heads >= p->a2a_size ? d->num_kv_heads / p->a2a_size : 1;
+    return cpi_layout_check(f, d->layout, p->cp_size, p->rank, d->seq_len);
 }
 
 /* Collective: every rank learns whether all ranks passed the same
@@ -93,7 +118,7 @@ static cp_status check_mode(cp_attn_plan *p)
 static cp_status agree(cp_group *g, const cp_attn_plan *p, cp_status local)
 {
     static const cp_attn_desc none;
-    const cp_attn_desc *d = local == CP_SUCCESS ? &p->d : &none;
+    const cp_attn_desc *d = local == CP_SUCCESS ? &p->desc : &none;
     uint64_t scale;
     memcpy(&scale, &d->softmax_scale, sizeof scale);
     const cpi_agree_field fields[] = {
@@ -123,28 +148,29 @@ static cp_status agree(cp_group *g, const cp_attn_plan *p, cp_status local)
 
 static cp_status build_token_sets(cp_attn_plan *p)
 {
-    p->sub = cpi_calloc((size_t)p->R, sizeof *p->sub);
+    p->sub = cpi_calloc((size_t)p->ring_size, sizeof *p->sub);
     if (!p->sub)
         return CP_ERROR_OUT_OF_MEMORY;
-    for (int m = 0; m < p->R; m++)
-        CPI_TRY(cpi_tokset_of_ranks(p, m * p->A, p->A, &p->sub[m]));
+    for (int m = 0; m < p->ring_size; m++)
+        CPI_TRY(cpi_tokset_of_ranks(p->desc.layout, p->cp_size, p->desc.seq_len, m * p->a2a_size, p->a2a_size,
+                                    &p->sub[m]));
     CPI_TRY(cpi_tokset_alloc(&p->mine, CPI_MAX_SPANS));
     /* my own tokens in local order (what the caller's tensors hold) */
-    p->mine.n = cpi_layout_spans(p->d.layout, p->P, p->rank, p->d.seq_len, p->mine.span);
+    p->mine.nspans = cpi_layout_spans(p->desc.layout, p->cp_size, p->rank, p->desc.seq_len, p->mine.span);
     int64_t row = 0;
-    for (int i = 0; i < p->mine.n; i++) {
+    for (int i = 0; i < p->mine.nspans; i++) {
         p->mine.row[i] = row;
         row += p->mine.span[i].len;
     }
     p->mine.ntok = row;
     /* cpi_attend may put a whole token set in one kernel call */
     p->max_rows = p->mine.ntok;
-    int spans = p->mine.n;
-    for (int m = 0; m < p->R; m++) {
+    int spans = p->mine.nspans;
+    for (int m = 0; m < p->ring_size; m++) {
         if (p->sub[m].ntok > p->max_rows)
             p->max_rows = p->sub[m].ntok;
-        if (p->sub[m].n > spans)
-            spans = p->sub[m].n;
+        if (p->sub[m].nspans > spans)
+            spans = p->sub[m].nspans;
     }
     /* Kept with the plan, not allocated per call: nothing of a call may
      * stay on the heap while it waits in the transport, where a rank can
@@ -153,19 +179,26 @@ static cp_status build_token_sets(cp_attn_plan *p)
     return p->drow_ready ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY;
 }
 
-static cp_status run_mode(cp_attn_plan *p, int backward, const void *args, cpi_arena *ws)
+/* One call of a mode: a forward's arguments or a backward's (the other
+ * NULL). */
+typedef struct mode_call {
+    const cpi_fwd_args *fwd;
+    const cpi_bwd_args *bwd;
+} mode_call;
+
+static cp_status run_mode(cp_attn_plan *p, const mode_call *c, cpi_arena *ws)
 {
-    if (p->d.mode == CP_MODE_ALL_GATHER)
-        return backward ? cpi_all_gather_backward(p, args, ws) : cpi_all_gather_forward(p, args, ws);
-    return backward ? cpi_a2a_p2p_backward(p, args, ws) : cpi_a2a_p2p_forward(p, args, ws);
+    const mode_entry *m = &modes[p->desc.mode];
+    return c->bwd ? m->backward(p, c->bwd, ws) : m->forward(p, c->fwd, ws);
 }
 
 static cp_status measure(cp_attn_plan *p, int backward, size_t *bytes)
 {
     cpi_arena a = { NULL, 0, 0, 1, 0 };
-    cpi_fwd_args fa = { 0 };
-    cpi_bwd_args ba = { 0 };
-    cp_status s = run_mode(p, backward, backward ? (const void *)&ba : (const void *)&fa, &a);
+    const cpi_fwd_args fa = { 0 };
+    const cpi_bwd_args ba = { 0 };
+    const mode_call c = backward ? (mode_call){ .bwd = &ba } : (mode_call){ .fwd = &fa };
+    cp_status s = run_mode(p, &c, &a);
     if (s != CP_SUCCESS) { /* the backend's scratch query names itself: say what it was part of */
         char why[400];
         snprintf(why, sizeof why, "%s", cp_last_error());
@@ -176,8 +209,8 @@ static cp_status measure(cp_attn_plan *p, int backward, size_t *bytes)
     CPI_CHECK(!a.overflow,
               "cp_attn_plan_create: the %s workspace of batch %lld x seq_len %lld x heads %d x head_dim %d/%d "
               "(mode %s) overflows size_t",
-              backward ? "backward" : "forward", (long long)p->d.batch, (long long)p->d.seq_len, p->d.num_heads,
-              p->d.head_dim, p->d.head_dim_v, mode_name(p->d.mode));
+              backward ? "backward" : "forward", (long long)p->desc.batch, (long long)p->desc.seq_len,
+              p->desc.num_heads, p->desc.head_dim, p->desc.head_dim_v, mode_name(p->desc.mode));
     *bytes = a.used;
     return CP_SUCCESS;
 }
@@ -186,7 +219,7 @@ static void plan_free(cp_attn_plan *p)
 {
     if (!p)
         return;
-    for (int m = 0; p->sub && m < p->R; m++)
+    for (int m = 0; p->sub && m < p->ring_size; m++)
         cpi_tokset_free(&p->sub[m]);
     free(p->sub);
     free(p->drow_ready);
@@ -210,30 +243,30 @@ CP_EXPORT cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, c
     else if (!p)
         s = CP_ERROR_OUT_OF_MEMORY;
     if (s == CP_SUCCESS) {
-        p->g = g;
+        p->group = g;
         p->ctx = g->ctx;
-        p->P = g->size;
+        p->cp_size = g->size;
         p->rank = g->rank;
         static const cp_attn_desc defaults = CP_ATTN_DESC_INIT;
-        s = cpi_copy_config(&p->d, sizeof p->d, &defaults, desc, DESC_V1_SIZE, __func__, "desc");
+        s = cpi_copy_config(&p->desc, sizeof p->desc, &defaults, desc, DESC_V1_SIZE, __func__, "desc");
     }
     if (s == CP_SUCCESS)
-        s = check_desc(&p->d);
+        s = check_desc(&p->desc);
     if (s == CP_SUCCESS) {
-        if (p->d.head_dim_v == 0)
-            p->d.head_dim_v = p->d.head_dim;
-        if (p->d.softmax_scale == 0.0)
-            p->d.softmax_scale = 1.0 / sqrt((double)p->d.head_dim);
+        if (p->desc.head_dim_v == 0)
+            p->desc.head_dim_v = p->desc.head_dim;
+        if (p->desc.softmax_scale == 0.0)
+            p->desc.softmax_scale = 1.0 / sqrt((double)p->desc.head_dim);
         s = check_mode(p);
     }
     /* Every rank takes part in the agreement, also one whose arguments are
      * bad, so that the others fail fast instead of waiting for it. */
     s = agree(g, p, s);
     if (s == CP_SUCCESS) {
-        p->s_loc = p->d.seq_len / p->P;
-        p->ring_rank = p->rank / p->A;
-        p->a2a_comm = p->A == 1 ? NULL : p->A == p->P ? g->comm : g->a2a;
-        p->ring_comm = p->R == 1 ? NULL : p->R == p->P ? g->comm : g->p2p;
+        p->s_loc = p->desc.seq_len / p->cp_size;
+        p->ring_rank = p->rank / p->a2a_size;
+        p->a2a_comm = p->a2a_size == 1 ? NULL : p->a2a_size == p->cp_size ? g->comm : g->a2a;
+        p->ring_comm = p->ring_size == 1 ? NULL : p->ring_size == p->cp_size ? g->comm : g->p2p;
         s = build_token_sets(p);
     }
     if (s == CP_SUCCESS)
@@ -315,8 +348,8 @@ static cp_status workspace(cp_attn_plan *p, void *ws, size_t bytes, size_t need,
 static int first_exchanges(const cp_attn_plan *p, cp_comm **first)
 {
     int n = 0;
-    if (p->d.mode == CP_MODE_ALL_GATHER) {
-        first[n++] = p->g->comm;
+    if (p->desc.mode == CP_MODE_ALL_GATHER) {
+        first[n++] = p->group->comm;
         return n;
     }
     if (p->a2a_comm)
@@ -329,30 +362,30 @@ static int first_exchanges(const cp_attn_plan *p, cp_comm **first)
 /* A forward or backward with this rank's verdict on its arguments: every
  * rank takes part in the agreement, so that a bad argument on one rank
  * fails them all at once, and the same exchanges happen everywhere. */
-static cp_status run_call(cp_attn_plan *p, const char *func, cp_status local, int backward, const void *args,
+static cp_status run_call(cp_attn_plan *p, const char *func, cp_status local, const mode_call *mc,
                           cpi_arena *ws)
 {
-    cpi_agree_call call = { .func = func, .ctx = p->ctx, .comm = p->g->comm, .timeout_ms = p->g->cfg.timeout_ms,
+    cpi_agree_call call = { .func = func, .ctx = p->ctx, .comm = p->group->comm, .timeout_ms = p->group->cfg.timeout_ms,
                             .stream_only = true };
     call.nfirst = first_exchanges(p, call.first);
     cpi_agreement ag;
     CPI_TRY(cpi_agree_open(&ag, &call, local));
-    return cpi_agree_close(&ag, run_mode(p, backward, args, ws));
+    return cpi_agree_close(&ag, run_mode(p, mc, ws));
 }
 
 CP_EXPORT cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
                                     float *lse, void *workspace_ptr, size_t workspace_bytes)
 {
     CPI_CHECK_PTR(p);
-    const size_t es = cpi_dtype_size(p->d.dtype);
+    const size_t es = cpi_dtype_size(p->desc.dtype);
     const tensor_arg t[] = { { "q", q, es }, { "k", k, es }, { "v", v, es }, { "out", out, es },
                              { "lse", lse, sizeof(float) } };
     cpi_arena a;
     cp_status local = check_tensors(__func__, t, sizeof t / sizeof t[0]);
     if (local == CP_SUCCESS)
         local = workspace(p, workspace_ptr, workspace_bytes, p->ws_fwd, __func__, &a);
-    cpi_fwd_args args = { q, k, v, out, lse };
-    return run_call(p, __func__, local, 0, &args, &a);
+    const cpi_fwd_args args = { q, k, v, out, lse };
+    return run_call(p, __func__, local, &(mode_call){ .fwd = &args }, &a);
 }
 
 CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void *k, const void *v,
@@ -360,7 +393,7 @@ CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void 
                                      void *dv, void *workspace_ptr, size_t workspace_bytes)
 {
     CPI_CHECK_PTR(p);
-    const size_t es = cpi_dtype_size(p->d.dtype);
+    const size_t es = cpi_dtype_size(p->desc.dtype);
     const tensor_arg t[] = { { "q", q, es },     { "k", k, es },   { "v", v, es },
                              { "out", out, es }, { "lse", lse, sizeof(float) }, { "dout", dout, es },
                              { "dq", dq, es },   { "dk", dk, es }, { "dv", dv, es } };
@@ -368,8 +401,8 @@ CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void 
     cp_status local = check_tensors(__func__, t, sizeof t / sizeof t[0]);
     if (local == CP_SUCCESS)
         local = workspace(p, workspace_ptr, workspace_bytes, p->ws_bwd, __func__, &a);
-    cpi_bwd_args args = { q, k, v, out, dout, lse, dq, dk, dv };
-    return run_call(p, __func__, local, 1, &args, &a);
+    const cpi_bwd_args args = { q, k, v, out, dout, lse, dq, dk, dv };
+    return run_call(p, __func__, local, &(mode_call){ .bwd = &args }, &a);
 }
 
 CP_EXPORT void cp_attn_plan_destroy(cp_attn_plan *p)

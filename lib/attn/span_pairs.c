@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Attention between two token sets: kernel calls over span pairs, with the
- * spans' global offsets, skipping the pairs that causality hides. Every CP
- * mode computes through this one function. */
+ * spans' global offsets, skipping the pairs that causality hides
+ * (docs/ARCHITECTURE.md, Spans and token sets). Every CP mode computes
+ * through this one function, cpi_attend. */
 #include <stdlib.h>
 
 #include "attn/plan.h"
@@ -10,7 +11,7 @@ static void set_tensor(const cp_attn_plan *p, const cpi_tensor *t, int64_t row, 
                        int64_t *sb, int64_t *ss, int64_t *sh)
 {
     cpi_tensor_strides(p, t, sb, ss, sh);
-    *ptr = (const char *)t->p + (size_t)row * (size_t)*ss * cpi_dtype_size(t->dtype);
+    *ptr = (const char *)t->data + (size_t)row * (size_t)*ss * cpi_dtype_size(t->dtype);
 }
 
 /* How the causal mask treats span pair (q, k): every key hidden from every
@@ -19,32 +20,32 @@ typedef enum { PAIR_HIDDEN, PAIR_FULL, PAIR_PARTIAL } pair_kind;
 
 static pair_kind classify(const cp_attn_plan *p, cpi_span q, cpi_span k)
 {
-    if (p->d.mask != CP_MASK_CAUSAL)
+    if (p->desc.mask != CP_MASK_CAUSAL)
         return PAIR_FULL;
     if (k.offset > q.offset + q.len - 1)
         return PAIR_HIDDEN;
     return k.offset + k.len - 1 <= q.offset ? PAIR_FULL : PAIR_PARTIAL;
 }
 
-static void base_args(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_attn_args *a)
+static void base_args(const cp_attn_plan *p, const cpi_attend_io *io, cp_kernel_attn_args *a)
 {
     *a = (cp_kernel_attn_args)CP_KERNEL_ATTN_ARGS_INIT;
     a->dtype = io->q->dtype;
-    a->format = p->d.format;
-    a->batch = p->d.batch;
+    a->format = p->desc.format;
+    a->batch = p->desc.batch;
     a->num_heads = io->q->heads;
     a->num_kv_heads = io->k->heads;
-    a->head_dim = p->d.head_dim;
-    a->head_dim_v = p->d.head_dim_v;
-    a->mask = p->d.mask;
-    a->softmax_scale = p->d.softmax_scale;
+    a->head_dim = p->desc.head_dim;
+    a->head_dim_v = p->desc.head_dim_v;
+    a->mask = p->desc.mask;
+    a->softmax_scale = p->desc.softmax_scale;
     a->workspace = io->scratch;
     a->workspace_bytes = io->scratch_bytes;
 }
 
 /* One kernel call: query rows [qr, qr + nq) at global offset qoff against key
  * rows [kr, kr + nk) at koff, under `mask`. */
-static cp_status call(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_attn_args *a, int64_t qr,
+static cp_status call(const cp_attn_plan *p, const cpi_attend_io *io, cp_kernel_attn_args *a, int64_t qr,
                       int64_t nq, int64_t qoff, int64_t kr, int64_t nk, int64_t koff, cp_mask mask, int backward)
 {
     const cp_backend_ops *ops = p->ctx->ops;
@@ -57,7 +58,7 @@ static cp_status call(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_a
     set_tensor(p, io->k, kr, &a->k, &a->k_stride_b, &a->k_stride_s, &a->k_stride_h);
     set_tensor(p, io->v, kr, &a->v, &a->v_stride_b, &a->v_stride_s, &a->v_stride_h);
     const cpi_lse *l = io->lse;
-    a->lse = l->p + qr;
+    a->lse = l->data + qr;
     a->lse_stride_b = (int64_t)l->heads * l->ntok;
     a->lse_stride_h = l->ntok;
     const void *c;
@@ -88,7 +89,7 @@ static cp_status call(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_a
 /* call() over query spans [i0, i1] of tq (nq rows) against key spans from
  * j0 of tk (nk rows). With a rowsum buffer (backward), the call reads it if
  * earlier calls stored all these spans' rows, stores them otherwise. */
-static cp_status call_spans(const cp_attn_plan *p, const cpi_block_io *io, cp_kernel_attn_args *a, int i0, int i1,
+static cp_status call_spans(const cp_attn_plan *p, const cpi_attend_io *io, cp_kernel_attn_args *a, int i0, int i1,
                             int64_t nq, int j0, int64_t nk, cp_mask mask, int backward)
 {
     const cpi_tokset *tq = io->tq, *tk = io->tk;
@@ -106,7 +107,7 @@ static cp_status call_spans(const cp_attn_plan *p, const cpi_block_io *io, cp_ke
 /* Whether span i + 1 of t follows span i in t's rows. */
 static int rows_follow(const cpi_tokset *t, int i)
 {
-    return i + 1 < t->n && t->row[i + 1] == t->row[i] + t->span[i].len;
+    return i + 1 < t->nspans && t->row[i + 1] == t->row[i] + t->span[i].len;
 }
 
 /*
@@ -121,13 +122,13 @@ static int rows_follow(const cpi_tokset *t, int i)
  */
 static int causal_over_rows(const cp_attn_plan *p, const cpi_tokset *tq, const cpi_tokset *tk)
 {
-    if (p->d.mask != CP_MASK_CAUSAL || tq->n < 2 || tq->n != tk->n)
+    if (p->desc.mask != CP_MASK_CAUSAL || tq->nspans < 2 || tq->nspans != tk->nspans)
         return 0;
-    for (int i = 0; i < tq->n; i++) {
+    for (int i = 0; i < tq->nspans; i++) {
         if (tq->span[i].offset != tk->span[i].offset || tq->span[i].len != tk->span[i].len ||
             tq->row[i] != tk->row[i])
             return 0;
-        if (i + 1 < tq->n &&
+        if (i + 1 < tq->nspans &&
             (!rows_follow(tq, i) || tq->span[i + 1].offset < tq->span[i].offset + tq->span[i].len))
             return 0;
     }
@@ -143,24 +144,25 @@ static int causal_over_rows(const cp_attn_plan *p, const cpi_tokset *tq, const c
  * the launches and half the passes over the running output or gradient).
  * Diagonal pairs go one by one, with the causal mask.
  */
-cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward)
+cp_status cpi_attend(const cp_attn_plan *p, const cpi_attend_io *io, int backward)
 {
     const cpi_tokset *tq = io->tq, *tk = io->tk;
     cp_kernel_attn_args a;
     base_args(p, io, &a);
     if (causal_over_rows(p, tq, tk)) { /* equal spans: equal offsets too */
         int64_t n = 0;
-        for (int i = 0; i < tq->n; i++)
+        for (int i = 0; i < tq->nspans; i++)
             n += tq->span[i].len;
-        return call_spans(p, io, &a, 0, tq->n - 1, n, 0, n, CP_MASK_CAUSAL, backward);
+        return call_spans(p, io, &a, 0, tq->nspans - 1, n, 0, n, CP_MASK_CAUSAL, backward);
     }
-    unsigned char *done = cpi_calloc((size_t)tq->n * (size_t)tk->n, 1);
+    unsigned char *done = cpi_calloc((size_t)tq->nspans * (size_t)tk->nspans, 1);
     if (!done)
         return CP_ERROR_OUT_OF_MEMORY;
-#define PAIR(i, j) (done[(size_t)(i) * (size_t)tk->n + (size_t)(j)] ? PAIR_HIDDEN : classify(p, tq->span[i], tk->span[j]))
+#define PAIR(i, j)                                                                                                 \
+    (done[(size_t)(i) * (size_t)tk->nspans + (size_t)(j)] ? PAIR_HIDDEN : classify(p, tq->span[i], tk->span[j]))
     cp_status s = CP_SUCCESS;
-    for (int i0 = 0; i0 < tq->n && s == CP_SUCCESS; i0++)
-        for (int j0 = 0; j0 < tk->n && s == CP_SUCCESS; j0++) {
+    for (int i0 = 0; i0 < tq->nspans && s == CP_SUCCESS; i0++)
+        for (int j0 = 0; j0 < tk->nspans && s == CP_SUCCESS; j0++) {
             const pair_kind kind = PAIR(i0, j0);
             if (kind == PAIR_HIDDEN)
                 continue;
@@ -178,11 +180,11 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_block_io *io, int backward
             for (int i = i0; i <= i1; i++) {
                 nq += tq->span[i].len;
                 for (int j = j0; j <= j1; j++)
-                    done[(size_t)i * (size_t)tk->n + (size_t)j] = 1;
+                    done[(size_t)i * (size_t)tk->nspans + (size_t)j] = 1;
             }
             for (int j = j0; j <= j1; j++)
                 nk += tk->span[j].len;
-            s = call_spans(p, io, &a, i0, i1, nq, j0, nk, kind == PAIR_FULL ? CP_MASK_NONE : p->d.mask, backward);
+            s = call_spans(p, io, &a, i0, i1, nq, j0, nk, kind == PAIR_FULL ? CP_MASK_NONE : p->desc.mask, backward);
         }
 #undef PAIR
     free(done);
@@ -194,14 +196,14 @@ cp_status cpi_attend_scratch(const cp_attn_plan *p, int64_t max_q, int64_t max_k
 {
     /* The kernels' scratch depends on the block shape only; ask for the
      * largest block this plan will run. Pointers stay NULL: size query. */
-    cpi_tensor q = { NULL, max_q, hq, p->d.head_dim, p->d.dtype };
-    cpi_tensor k = { NULL, max_k, hkv, p->d.head_dim, p->d.dtype };
-    cpi_block_io io = { .q = &q, .k = &k };
+    cpi_tensor q = { NULL, max_q, hq, p->desc.head_dim, p->desc.dtype };
+    cpi_tensor k = { NULL, max_k, hkv, p->desc.head_dim, p->desc.dtype };
+    cpi_attend_io io = { .q = &q, .k = &k };
     cp_kernel_attn_args a;
     base_args(p, &io, &a);
     a.seq_q = max_q;
     a.seq_k = max_k;
-    a.o_dtype = backward ? p->d.dtype : CP_DTYPE_F32;
+    a.o_dtype = backward ? p->desc.dtype : CP_DTYPE_F32;
     a.accumulate = !backward;
     a.grad_dtype = CP_DTYPE_F32;
     a.grad_accumulate = 1;

@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * a2a+p2p (DESIGN.md section 3), which with A == P is plain a2a (Ulysses)
- * and with A == 1 is the plain p2p ring: a2a inside sub-groups of A
- * consecutive cp ranks turns [my tokens, all heads] into [the sub-group's
- * tokens, my head slice]; the ring runs across the R = P / A sub-groups; a2a
- * brings the results back to [my tokens, all heads].
+ * The p2p, a2a and a2a_p2p modes: one path (docs/ARCHITECTURE.md, CP
+ * modes). a2a inside sub-groups of A = p->a2a_size consecutive cp ranks
+ * turns [my tokens, all heads] into [the sub-group's tokens, my head slice]
+ * (a2a.c); the ring runs across the R = P / A sub-groups (ring.c); a2a
+ * brings the results back to [my tokens, all heads]. p2p is the case
+ * A == 1 (no exchange: the ring over the caller's own tensors), a2a (Ulysses)
+ * the case A == P (a ring of one member: no hop).
  */
 #include "attn/plan.h"
+#include "attn/ring.h"
 
 /* Exchange buffers: large enough for the largest of the given items that
  * goes through them (cpi_a2a_item_buffered). */
@@ -21,13 +24,13 @@ static void take_exchange(cp_attn_plan *p, cpi_arena *ws, const cpi_a2a_item *it
         if (b > block)
             block = b;
     }
-    *send = cpi_arena_take(ws, block * (size_t)p->A);
-    *recv = cpi_arena_take(ws, block * (size_t)p->A);
+    *send = cpi_arena_take(ws, block * (size_t)p->a2a_size);
+    *recv = cpi_arena_take(ws, block * (size_t)p->a2a_size);
 }
 
 cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena *ws)
 {
-    const cp_attn_desc *d = &p->d;
+    const cp_attn_desc *d = &p->desc;
     const int32_t H = d->num_heads, Hkv = d->num_kv_heads, hq = p->heads.hq, hkv = p->heads.hkv;
     const int64_t T = p->sub[p->ring_rank].ntok;
     cpi_tensor uq = cpi_user_tensor(p, a->q, H, d->head_dim, d->dtype);
@@ -40,7 +43,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     cpi_tensor qh = uq, kh = uk, vh = uv, oh = uo;
     cpi_lse lseh = ulse;
     void *send = NULL, *recv = NULL;
-    if (p->A > 1) {
+    if (p->a2a_size > 1) {
         qh = cpi_tensor_take(p, ws, T, hq, d->head_dim, d->dtype);
         kh = cpi_tensor_take(p, ws, T, hkv, d->head_dim, d->dtype);
         vh = cpi_tensor_take(p, ws, T, hkv, d->head_dim_v, d->dtype);
@@ -52,14 +55,14 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     const cpi_a2a_item iq = { &uq, NULL, &qh, NULL, 0 }, ik = { &uk, NULL, &kh, NULL, 1 },
                        iv = { &uv, NULL, &vh, NULL, 1 }, io = { &uo, NULL, &oh, NULL, 0 },
                        il = { NULL, &ulse, NULL, &lseh, 0 };
-    if (p->A > 1) {
+    if (p->a2a_size > 1) {
         const cpi_a2a_item all[] = { iq, ik, iv, io, il };
         take_exchange(p, ws, all, 5, &send, &recv);
     }
     if (ws->measuring)
         return cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, ws);
 
-    if (p->A > 1) {
+    if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_heads(p, &iq, send, recv));
         CPI_TRY(cpi_a2a_to_heads(p, &ik, send, recv));
         CPI_TRY(cpi_a2a_to_heads(p, &iv, send, recv));
@@ -67,7 +70,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     CPI_TRY(cpi_init_partial(p, &o32, &lseh));
     CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, ws));
     CPI_TRY(cpi_convert_tensor(p, &oh, &o32));
-    if (p->A > 1) {
+    if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_tokens(p, &io, send, recv, 0));
         CPI_TRY(cpi_a2a_to_tokens(p, &il, send, recv, 0));
     }
@@ -76,7 +79,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
 
 cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena *ws)
 {
-    const cp_attn_desc *d = &p->d;
+    const cp_attn_desc *d = &p->desc;
     const int32_t H = d->num_heads, Hkv = d->num_kv_heads, hq = p->heads.hq, hkv = p->heads.hkv;
     const int32_t D = d->head_dim, Dv = d->head_dim_v;
     const int64_t T = p->sub[p->ring_rank].ntok;
@@ -93,8 +96,8 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
      * and the way back sums their dK / dV in fp32; otherwise every kv head
      * has one owner, whose gradients go back in the storage type (half the
      * bytes of fp32 for F16 / BF16, and no conversion on the token side). */
-    const int replicas = p->A > 1 && Hkv < p->A;
-    if (p->A > 1) {
+    const int replicas = p->a2a_size > 1 && Hkv < p->a2a_size;
+    if (p->a2a_size > 1) {
         qh = cpi_tensor_take(p, ws, T, hq, D, d->dtype);
         kh = cpi_tensor_take(p, ws, T, hkv, D, d->dtype);
         vh = cpi_tensor_take(p, ws, T, hkv, Dv, d->dtype);
@@ -122,20 +125,20 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
                        idv = replicas ? (cpi_a2a_item){ &dv_loc, NULL, &dv32, NULL, 1 }
                                       : (cpi_a2a_item){ &udv, NULL, &dvh, NULL, 1 };
     void *send = NULL, *recv = NULL;
-    if (p->A > 1) {
+    if (p->a2a_size > 1) {
         const cpi_a2a_item all[] = { iq, ik, iv, io, ido, il, idq, idk, idv };
         take_exchange(p, ws, all, 9, &send, &recv);
     }
     if (ws->measuring)
         return cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, ws);
 
-    if (p->A > 1) {
+    if (p->a2a_size > 1) {
         const cpi_a2a_item in[] = { iq, ik, iv, io, ido, il };
         for (int i = 0; i < 6; i++)
             CPI_TRY(cpi_a2a_to_heads(p, &in[i], send, recv));
     }
     CPI_TRY(cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, ws));
-    if (p->A == 1) {
+    if (p->a2a_size == 1) {
         CPI_TRY(cpi_convert_tensor(p, &udq, &dq32));
         CPI_TRY(cpi_convert_tensor(p, &udk, &dk32));
         return cpi_convert_tensor(p, &udv, &dv32);

@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The p2p ring (ring.c): its steps, and its geometry - which key / value
+ * block a member holds at a step, and which rows of a block a hop carries.
+ * The geometry is arithmetic on token sets only, so that a test can ask
+ * the library what a hop of its ring carries.
+ */
+#ifndef INFINICP_ATTN_RING_H
+#define INFINICP_ATTN_RING_H
+
+#include "attn/tensor.h"
+#include "attn/tokset.h"
+
+/* The ring as its geometry sees it: members 0 .. size - 1, member i holding
+ * the queries of token set sub[i], and the key / value block of the same
+ * tokens to start with. */
+typedef struct cpi_ring {
+    int size;              /* members: R */
+    int member;            /* this member: m */
+    const cpi_tokset *sub; /* size token sets */
+    bool causal;           /* the causal mask hides keys */
+    bool rows_contiguous;  /* a row range of a block is one byte range of its buffers (batch 1, or SBHD) */
+} cpi_ring;
+
+/* Rows [lo, hi) of a block's buffers; empty when lo >= hi. */
+typedef struct cpi_rows {
+    int64_t lo, hi;
+} cpi_rows;
+
+static inline bool cpi_rows_empty(cpi_rows r)
+{
+    return r.lo >= r.hi;
+}
+
+/* Member i counted around the ring (i may be negative or past the end). */
+static inline int cpi_ring_member(const cpi_ring *r, int i)
+{
+    return ((i % r->size) + r->size) % r->size;
+}
+
+/* The rows of block `block` that `count` members see, members first,
+ * first + dir, first + 2 dir, ... around the ring: the cover of the key spans
+ * the mask does not hide from all of a member's queries. The whole block
+ * when that cover is not empty but a part would not be one byte range. */
+cpi_rows cpi_ring_rows_seen_by(const cpi_ring *r, int block, int first, int count, int dir);
+
+/*
+ * Forward: at step s member m holds block m + s, and the hop before step s
+ * passes blocks to m - 1. A hop carries the rows of a block that the
+ * members yet to hold it see: for the block arriving, m, m - 1, ... (R - s
+ * of them); for the block leaving, m - 1, m - 2, ... (as many).
+ */
+static inline int cpi_ring_fwd_block(const cpi_ring *r, int step)
+{
+    return cpi_ring_member(r, r->member + step);
+}
+
+static inline cpi_rows cpi_ring_fwd_kv_in(const cpi_ring *r, int step)
+{
+    return cpi_ring_rows_seen_by(r, cpi_ring_fwd_block(r, step), r->member, r->size - step, -1);
+}
+
+static inline cpi_rows cpi_ring_fwd_kv_out(const cpi_ring *r, int step)
+{
+    return cpi_ring_rows_seen_by(r, cpi_ring_fwd_block(r, step - 1), r->member - 1, r->size - step, -1);
+}
+
+/*
+ * Backward: at step s member m holds block m - 1 - s, so that its own block
+ * comes last, and the hop before step s passes blocks to m + 1. Keys and
+ * values carry the rows that the members from the receiver until the
+ * block's owner see: R - 1 - s of them. The fp32 dK / dV accumulator of a
+ * block travels with it: what arrives for step s holds sums in the rows
+ * (`have`) that the s members it visited (its owner + 1, ..., m - 1) saw,
+ * the rest being zero; what leaves after step s must hold them in the rows
+ * (`want`) that those and m see, and at home (the last step) in all rows.
+ */
+static inline int cpi_ring_bwd_block(const cpi_ring *r, int step)
+{
+    return cpi_ring_member(r, r->member - 1 - step);
+}
+
+static inline cpi_rows cpi_ring_bwd_kv_in(const cpi_ring *r, int step)
+{
+    return cpi_ring_rows_seen_by(r, cpi_ring_bwd_block(r, step), r->member, r->size - 1 - step, 1);
+}
+
+static inline cpi_rows cpi_ring_bwd_kv_out(const cpi_ring *r, int step)
+{
+    return cpi_ring_rows_seen_by(r, cpi_ring_bwd_block(r, step - 1), r->member + 1, r->size - 1 - step, 1);
+}
+
+static inline cpi_rows cpi_ring_bwd_acc_have(const cpi_ring *r, int step)
+{
+    const int block = cpi_ring_bwd_block(r, step);
+    return cpi_ring_rows_seen_by(r, block, block + 1, step, 1);
+}
+
+static inline cpi_rows cpi_ring_bwd_acc_want(const cpi_ring *r, int step)
+{
+    const int block = cpi_ring_bwd_block(r, step);
+    if (step == r->size - 1)
+        return (cpi_rows){ 0, r->sub[block].ntok };
+    return cpi_ring_rows_seen_by(r, block, block + 1, step + 1, 1);
+}
+
+/* The ring's steps over p->ring_comm, this rank being member
+ * p->ring_rank of p->ring_size: the queries are the rows of the member's
+ * token set, the keys and values its block, which then circulates. */
+cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
+                           const cpi_tensor *o32, const cpi_lse *lse, cpi_arena *ws);
+cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
+                            const cpi_tensor *o, const cpi_lse *lse, const cpi_tensor *dout,
+                            const cpi_tensor *dq32, const cpi_tensor *dk32, const cpi_tensor *dv32,
+                            cpi_arena *ws);
+
+#endif

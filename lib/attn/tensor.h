@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/* Tensor views in a plan's format, taken from its workspace or laid over a
+ * caller's buffers, and the copies between them. Every view has the plan's
+ * batch size and format; the copies go through the backend, so that they
+ * run on whatever device the plan's context drives. */
+#ifndef INFINICP_ATTN_TENSOR_H
+#define INFINICP_ATTN_TENSOR_H
+
+#include "attn/arena.h"
+
+/* A dense tensor [batch, ntok, heads, dim] (BSHD) or [ntok, batch, heads, dim]
+ * (SBHD) on the plan's device. */
+typedef struct cpi_tensor {
+    void *data;
+    int64_t ntok;
+    int32_t heads, dim;
+    cp_dtype dtype;
+} cpi_tensor;
+
+/* LSE buffer: float [batch, heads, ntok]. A partial result being merged
+ * also has `lo`, the rounding residual of each value (same layout), so that
+ * a chain of merges rounds once (see cp_kernel_attn_args.lse_lo). */
+typedef struct cpi_lse {
+    float *data;
+    int64_t ntok;
+    int32_t heads;
+    float *lo;
+} cpi_lse;
+
+/* Element strides and bytes of a tensor. */
+void cpi_tensor_strides(const cp_attn_plan *p, const cpi_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh);
+size_t cpi_tensor_bytes(const cp_attn_plan *p, const cpi_tensor *t);
+
+/* Views on workspace (NULL data while the arena measures). */
+cpi_tensor cpi_tensor_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads, int32_t dim,
+                           cp_dtype dtype);
+cpi_lse cpi_lse_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads);
+/* Give l a residual buffer from the arena (for partial results). */
+void cpi_lse_take_lo(const cp_attn_plan *p, cpi_arena *a, cpi_lse *l);
+/* The rowsum buffer of a backward over ntok query rows (see cpi_attend_io):
+ * laid out like an LSE. */
+float *cpi_drow_take(const cp_attn_plan *p, cpi_arena *a, int64_t ntok, int32_t heads);
+
+/* A caller's tensor: this rank's s_loc tokens, dense. */
+cpi_tensor cpi_user_tensor(const cp_attn_plan *p, const void *ptr, int32_t heads, int32_t dim, cp_dtype dtype);
+/* Block i of a buffer of consecutive dense [s_loc, like->heads, like->dim]
+ * blocks of like->dtype starting at base (gathered or exchanged data). */
+cpi_tensor cpi_tensor_block(const cp_attn_plan *p, const cpi_tensor *like, void *base, int i);
+
+/* Copy rows [src_row, +nrows) x heads [src_head, +nheads) of src into dst at
+ * (dst_row, dst_head). Same dtype and dim. */
+cp_status cpi_copy_tokens(const cp_attn_plan *p, const cpi_tensor *dst, int64_t dst_row, int32_t dst_head,
+                          const cpi_tensor *src, int64_t src_row, int32_t src_head, int64_t nrows,
+                          int32_t nheads);
+cp_status cpi_copy_lse(const cp_attn_plan *p, const cpi_lse *dst, int64_t dst_row, int32_t dst_head,
+                       const cpi_lse *src, int64_t src_row, int32_t src_head, int64_t nrows,
+                       int32_t nheads);
+/* dst = src converted (whole tensors of equal shape). */
+cp_status cpi_convert_tensor(const cp_attn_plan *p, const cpi_tensor *dst, const cpi_tensor *src);
+/* O = 0 (F32), LSE = -inf, its residual 0. */
+cp_status cpi_init_partial(const cp_attn_plan *p, const cpi_tensor *o32, const cpi_lse *lse);
+cp_status cpi_zero(const cp_attn_plan *p, const cpi_tensor *t);
+
+#endif
