@@ -3,6 +3,9 @@
  * What the p2p ring sends: the bytes of every sendrecv of a CP forward and
  * backward (counted by the faulty transport, which here never stops
  * anyone) against what the geometry of the layout says a hop must carry.
+ * The model of that geometry below is written from the layouts alone; the
+ * library's own geometry (lib/attn/ring.h, what its sender and receiver of
+ * each hop agree on) is checked against the same model, hop by hop.
  *
  * Under the causal mask a key block's rows split into spans that whole
  * ranks see or do not see. With zigzag, rank j holds chunks j and 2R-1-j;
@@ -28,6 +31,7 @@
 
 #include <cmocka.h>
 
+#include "attn/ring.h"
 #include "faulty.h"
 
 enum { S = 96, H = 4, HKV = 2, D = 8 };
@@ -106,29 +110,111 @@ static void *run_rank(void *arg)
     return NULL;
 }
 
-/* Expected bytes of the forward and the backward, in half blocks (a block
- * being one rank's keys, or values, or F32 dK / dV sums: all the same size
- * here) per tensor. */
+/* The three kinds of hop: keys and values in the forward and the backward,
+ * and the backward's dK / dV sums. */
+typedef enum { HOP_FWD_KV = 0, HOP_BWD_KV = 1, HOP_BWD_ACC = 2 } hop_kind;
+
+/* The model: the half blocks (a block being one rank's keys, or values, or
+ * F32 dK / dV sums) that hop h (0 .. R-2) of rank j's block carries, per
+ * tensor, as the comment at the top derives them. */
+static long long model_halves(const traffic_case *c, hop_kind kind, long long j, long long h)
+{
+    const long long R = c->P;
+    const int rows_apart = c->batch > 1 && c->format == CP_FORMAT_BSHD;
+    if (c->mask == CP_MASK_NONE)
+        return 2;
+    if (c->layout == CP_LAYOUT_ZIGZAG) {
+        /* every hop carries some rows of the block: whole blocks if rows are apart */
+        if (rows_apart)
+            return 2;
+        switch (kind) {
+        case HOP_FWD_KV: return h < j ? 2 : 1;            /* late chunk while ranks < j are ahead */
+        case HOP_BWD_KV: return j > 0 ? 2 : 1;            /* rank j-1 is ahead until the end */
+        case HOP_BWD_ACC: return h >= R - 1 - j ? 2 : 1; /* late chunk once a rank < j added to it */
+        }
+    }
+    /* contiguous: block R-1 is seen by no other rank, block j whole by ranks > j */
+    switch (kind) {
+    case HOP_FWD_KV: return j < R - 1 ? 2 : 0;
+    case HOP_BWD_KV: return h <= R - 2 - j ? 2 : 0;
+    case HOP_BWD_ACC: return j < R - 1 ? 2 : 0;
+    }
+    return -1;
+}
+
+/* Expected bytes of the forward and the backward, in half blocks per
+ * tensor: the model summed over every block's R-1 hops. */
 static void expect_halves(const traffic_case *c, long long *fwd, long long *bwd_kv, long long *bwd_acc)
 {
     const long long R = c->P;
     *fwd = *bwd_kv = *bwd_acc = 0;
-    const int rows_apart = c->batch > 1 && c->format == CP_FORMAT_BSHD;
-    for (long long j = 0; j < R; j++) {
-        if (c->mask == CP_MASK_NONE) {
-            *fwd += 2 * (R - 1), *bwd_kv += 2 * (R - 1), *bwd_acc += 2 * (R - 1);
-        } else if (c->layout == CP_LAYOUT_ZIGZAG) {
-            /* every hop carries some rows of the block: whole blocks if rows are apart */
-            *fwd += rows_apart ? 2 * (R - 1) : 2 * j + (R - 1 - j);
-            *bwd_kv += rows_apart || j > 0 ? 2 * (R - 1) : R - 1;
-            *bwd_acc += rows_apart ? 2 * (R - 1) : (R - 1) + j;
-        } else {
-            /* block R-1 is seen by no other rank: no hop carries anything */
-            *fwd += j < R - 1 ? 2 * (R - 1) : 0;
-            *bwd_kv += 2 * (R - 1 - j);
-            *bwd_acc += j < R - 1 ? 2 * (R - 1) : 0;
+    for (long long j = 0; j < R; j++)
+        for (long long h = 0; h < R - 1; h++) {
+            *fwd += model_halves(c, HOP_FWD_KV, j, h);
+            *bwd_kv += model_halves(c, HOP_BWD_KV, j, h);
+            *bwd_acc += model_halves(c, HOP_BWD_ACC, j, h);
         }
+}
+
+static long long mod(long long a, long long R)
+{
+    return ((a % R) + R) % R;
+}
+
+/* One hop as the library's ring sees it from member m: the rows it sends
+ * and receives, against the model for the blocks they belong to. */
+static void check_hop(const traffic_case *c, const char *what, int m, hop_kind kind, long long h, cpi_rows out,
+                      long long out_block, cpi_rows in, long long in_block)
+{
+    static const char *const names[] = { "forward keys", "backward keys", "backward sums" };
+    const long long half = S / c->P / 2; /* rows */
+    const long long want_out = model_halves(c, kind, out_block, h) * half;
+    const long long want_in = model_halves(c, kind, in_block, h) * half;
+    const long long got_out = cpi_rows_empty(out) ? 0 : out.hi - out.lo;
+    const long long got_in = cpi_rows_empty(in) ? 0 : in.hi - in.lo;
+    if (got_out != want_out || got_in != want_in)
+        fail_msg("P=%d %s batch %d: member %d, %s hop %lld: sends %lld rows of block %lld (model: %lld), receives "
+                 "%lld rows of block %lld (model: %lld)",
+                 c->P, what, c->batch, m, names[kind], h, got_out, out_block, want_out, got_in, in_block, want_in);
+}
+
+/* The library's geometry of every member's every hop against the model:
+ * the library's own answer (ring.h, over the library's token sets), not
+ * the bytes it moved. */
+static void check_geometry(const traffic_case *c, const char *what)
+{
+    const int R = c->P;
+    cpi_tokset sub[8];
+    for (int m = 0; m < R; m++)
+        assert_int_equal(cpi_tokset_of_ranks(c->layout, R, S, m, 1, &sub[m]), CP_SUCCESS);
+    for (int m = 0; m < R; m++) {
+        const cpi_ring r = { .size = R,
+                             .member = m,
+                             .sub = sub,
+                             .causal = c->mask == CP_MASK_CAUSAL,
+                             .rows_contiguous = c->batch == 1 || c->format == CP_FORMAT_SBHD };
+        for (int h = 0; h < R - 1; h++) {
+            /* forward: the hop before step h+1 moves the blocks of step h */
+            check_hop(c, what, m, HOP_FWD_KV, h, cpi_ring_fwd_kv_out(&r, h + 1), mod(m + h, R),
+                      cpi_ring_fwd_kv_in(&r, h + 1), mod(m + 1 + h, R));
+            assert_int_equal(cpi_ring_fwd_block(&r, h + 1), mod(m + 1 + h, R));
+            /* backward: the hop before step h moves keys of the blocks
+             * owned h ranks back; the one after it, the sums of the
+             * blocks of step h */
+            check_hop(c, what, m, HOP_BWD_KV, h, cpi_ring_bwd_kv_out(&r, h), mod(m - h, R), cpi_ring_bwd_kv_in(&r, h),
+                      mod(m - 1 - h, R));
+            assert_int_equal(cpi_ring_bwd_block(&r, h), mod(m - 1 - h, R));
+            check_hop(c, what, m, HOP_BWD_ACC, h, cpi_ring_bwd_acc_want(&r, h), mod(m - 1 - h, R),
+                      cpi_ring_bwd_acc_have(&r, h + 1), mod(m - 2 - h, R));
+        }
+        /* nothing has visited the first block's sums; the last step's
+         * sums are at home, whole */
+        assert_true(cpi_rows_empty(cpi_ring_bwd_acc_have(&r, 0)));
+        const cpi_rows home = cpi_ring_bwd_acc_want(&r, R - 1);
+        assert_true(home.lo == 0 && home.hi == S / R);
     }
+    for (int m = 0; m < R; m++)
+        cpi_tokset_free(&sub[m]);
 }
 
 static void check_case(const traffic_case *c)
@@ -151,6 +237,7 @@ static void check_case(const traffic_case *c)
         pthread_join(th[i], NULL);
     pthread_barrier_destroy(&bar);
     const char *what = c->mask == CP_MASK_NONE ? "no mask" : c->layout == CP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous";
+    check_geometry(c, what);
     for (int i = 0; i < c->P; i++)
         if (jobs[i].status != CP_SUCCESS)
             fail_msg("P=%d %s: rank %d: %s", c->P, what, i, jobs[i].error);

@@ -15,17 +15,18 @@
  * gets O = 0 and LSE = -inf, and such rows / blocks contribute exactly nothing
  * when accumulated; no NaN is formed on the way.
  *
- * Non-finite inputs propagate as in exact arithmetic (DESIGN.md 5): a NaN
- * score, or +inf (whose softmax is inf / inf), makes its row's O and LSE NaN
- * (never the O = 0 / LSE = -inf of a row that sees no key, which a merge
- * would drop). A score of -inf weighs exactly 0, as a masked key does; a row
- * whose scores are all -inf is treated as one that sees no key, the same in
- * every block, so the answer does not depend on how CP cut the keys. Masked
- * pairs inside a tile enter the GEMMs as exact zeros, and 0 * NaN = NaN
- * would carry a non-finite element of V, dO, Q or K to rows that do not see
- * it; so such elements (found when a tile is loaded; rare) are zeroed in the
- * tile and their terms added afterwards to exactly the rows that see them
- * (fwd_fix_values, bwd_fix). Finite inputs take none of this.
+ * Non-finite inputs propagate as in exact arithmetic (docs/ARCHITECTURE.md,
+ * Numerics): a NaN score, or +inf (whose softmax is inf / inf), makes its
+ * row's O and LSE NaN (never the O = 0 / LSE = -inf of a row that sees no
+ * key, which a merge would drop). A score of -inf weighs exactly 0, as a
+ * masked key does; a row whose scores are all -inf is treated as one that
+ * sees no key, the same in every block, so the answer does not depend on how
+ * CP cut the keys. Masked pairs inside a tile enter the GEMMs as exact
+ * zeros, and 0 * NaN = NaN would carry a non-finite element of V, dO, Q or K
+ * to rows that do not see it; so such elements (found when a tile is loaded;
+ * rare) are zeroed in the tile and their terms added afterwards to exactly
+ * the rows that see them (fwd_fix_values, bwd_fix). Finite inputs take none
+ * of this.
  *
  * Forward: one work unit per (batch, head, tile of FWD_BQ query rows); each
  * streams the visible key tiles of FWD_BK rows through an online softmax.

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Merge of partial attention results over disjoint key sets (DESIGN.md 3):
+ * Merge of partial attention results over disjoint key sets
+ * (docs/ARCHITECTURE.md, Merge):
  *   lse = max + log(exp(lse1 - max) + exp(lse2 - max))
  *   o   = exp(lse1 - lse) o1 + exp(lse2 - lse) o2
  * The two weights are formed per row in double (cheap, and exact enough that
