@@ -64,100 +64,21 @@ void cpref_load(double *dst, const void *src, cp_dtype t, size_t n)
     }
 }
 
-/* ---- FP64 attention over the whole sequence ---- */
+/* ---- the model over the whole sequence ---- */
 
-static size_t at(const cpref_shape *sh, int64_t b, int64_t s, int h, int heads, int dim)
+model_shape cpref_model_shape(const cpref_shape *sh)
 {
-    return (((size_t)b * (size_t)sh->S + (size_t)s) * (size_t)heads + (size_t)h) * (size_t)dim;
+    model_shape m = { .batch = sh->B, .seq_q = sh->S, .seq_k = sh->S, .heads = sh->H, .kv_heads = sh->Hkv,
+                      .head_dim = sh->D, .head_dim_v = sh->Dv, .causal = sh->causal, .scale = sh->scale };
+    return m;
 }
 
-static int visible(const cpref_shape *sh, int64_t i, int64_t j)
+void cpref_model(const cpref_shape *sh, const double *q, const double *k, const double *v, const double *dout,
+                 cpref_result *r)
 {
-    return !sh->causal || j <= i;
-}
-
-void cpref_forward(const cpref_shape *sh, const double *q, const double *k, const double *v, double *out,
-                   double *lse)
-{
-    const int group = sh->H / sh->Hkv;
-    double *w = malloc((size_t)sh->S * sizeof *w);
-    for (int64_t b = 0; b < sh->B; b++)
-        for (int h = 0; h < sh->H; h++)
-            for (int64_t i = 0; i < sh->S; i++) {
-                const double *qi = q + at(sh, b, i, h, sh->H, sh->D);
-                double mx = -INFINITY;
-                for (int64_t j = 0; j < sh->S; j++) {
-                    w[j] = -INFINITY;
-                    if (!visible(sh, i, j))
-                        continue;
-                    const double *kj = k + at(sh, b, j, h / group, sh->Hkv, sh->D);
-                    double s = 0;
-                    for (int e = 0; e < sh->D; e++)
-                        s += qi[e] * kj[e];
-                    w[j] = s * sh->scale;
-                    if (w[j] > mx)
-                        mx = w[j];
-                }
-                double sum = 0;
-                for (int64_t j = 0; j < sh->S; j++)
-                    sum += visible(sh, i, j) ? exp(w[j] - mx) : 0.0;
-                double *oi = out + at(sh, b, i, h, sh->H, sh->Dv);
-                for (int e = 0; e < sh->Dv; e++)
-                    oi[e] = 0;
-                for (int64_t j = 0; j < sh->S; j++) {
-                    if (!visible(sh, i, j))
-                        continue;
-                    double pj = exp(w[j] - mx) / sum;
-                    const double *vj = v + at(sh, b, j, h / group, sh->Hkv, sh->Dv);
-                    for (int e = 0; e < sh->Dv; e++)
-                        oi[e] += pj * vj[e];
-                }
-                lse[((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)i] = mx + log(sum);
-            }
-    free(w);
-}
-
-void cpref_backward(const cpref_shape *sh, const double *q, const double *k, const double *v,
-                    const double *out, const double *lse, const double *dout, double *dq, double *dk,
-                    double *dv)
-{
-    const int group = sh->H / sh->Hkv;
-    memset(dq, 0, (size_t)sh->B * (size_t)sh->S * (size_t)sh->H * (size_t)sh->D * sizeof *dq);
-    memset(dk, 0, (size_t)sh->B * (size_t)sh->S * (size_t)sh->Hkv * (size_t)sh->D * sizeof *dk);
-    memset(dv, 0, (size_t)sh->B * (size_t)sh->S * (size_t)sh->Hkv * (size_t)sh->Dv * sizeof *dv);
-    for (int64_t b = 0; b < sh->B; b++)
-        for (int h = 0; h < sh->H; h++)
-            for (int64_t i = 0; i < sh->S; i++) {
-                const double *qi = q + at(sh, b, i, h, sh->H, sh->D);
-                const double *doi = dout + at(sh, b, i, h, sh->H, sh->Dv);
-                const double *oi = out + at(sh, b, i, h, sh->H, sh->Dv);
-                double l = lse[((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)i];
-                double Di = 0;
-                for (int e = 0; e < sh->Dv; e++)
-                    Di += doi[e] * oi[e];
-                for (int64_t j = 0; j < sh->S; j++) {
-                    if (!visible(sh, i, j))
-                        continue;
-                    const double *kj = k + at(sh, b, j, h / group, sh->Hkv, sh->D);
-                    const double *vj = v + at(sh, b, j, h / group, sh->Hkv, sh->Dv);
-                    double s = 0, dp = 0;
-                    for (int e = 0; e < sh->D; e++)
-                        s += qi[e] * kj[e];
-                    double p = exp(s * sh->scale - l);
-                    for (int e = 0; e < sh->Dv; e++)
-                        dp += doi[e] * vj[e];
-                    double ds = p * (dp - Di) * sh->scale;
-                    double *dqi = dq + at(sh, b, i, h, sh->H, sh->D);
-                    double *dkj = dk + at(sh, b, j, h / group, sh->Hkv, sh->D);
-                    double *dvj = dv + at(sh, b, j, h / group, sh->Hkv, sh->Dv);
-                    for (int e = 0; e < sh->D; e++) {
-                        dqi[e] += ds * kj[e];
-                        dkj[e] += ds * qi[e];
-                    }
-                    for (int e = 0; e < sh->Dv; e++)
-                        dvj[e] += p * doi[e];
-                }
-            }
+    const model_shape m = cpref_model_shape(sh);
+    model_forward(&m, q, k, v, r->out, r->lse);
+    model_backward(&m, q, k, v, r->out, r->lse, dout, r->dq, r->dk, r->dv);
 }
 
 static uint64_t splitmix(uint64_t *s)
@@ -193,8 +114,8 @@ int cpref_make(cpref_data *d, const cpref_shape *sh, cp_dtype dtype, uint64_t se
     d->dq = malloc(nq * sizeof(double));
     d->dk = malloc(nk * sizeof(double));
     d->dv = malloc(nv * sizeof(double));
-    cpref_forward(sh, d->q, d->k, d->v, d->out, d->lse);
-    cpref_backward(sh, d->q, d->k, d->v, d->out, d->lse, d->dout, d->dq, d->dk, d->dv);
+    cpref_result r = { d->out, d->lse, d->dq, d->dk, d->dv };
+    cpref_model(sh, d->q, d->k, d->v, d->dout, &r);
     return 0;
 }
 
@@ -228,6 +149,12 @@ int64_t cpref_positions(cp_layout l, int P, int r, int64_t S, int64_t *pos)
         for (int64_t i = 0; i < c; i++)
             pos[n++] = chunks[k] * c + i;
     return n;
+}
+
+/* Element offset of (b, global s, h) in a global tensor. */
+static size_t at(const cpref_shape *sh, int64_t b, int64_t s, int h, int heads, int dim)
+{
+    return (((size_t)b * (size_t)sh->S + (size_t)s) * (size_t)heads + (size_t)h) * (size_t)dim;
 }
 
 /* Element offset of (b, local s, h) in a local tensor of n tokens. */

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Test-side model of CP attention, written apart from the library: global
- * tensors in double, an O(S^2) FP64 attention (forward and backward) over the
- * whole sequence, storage-type rounding, the layouts' shard / unshard, and
- * error measures. Nothing here calls libinfinicp.
+ * tensors in double, the FP64 attention of attn_model.h over the whole sequence,
+ * storage-type rounding, the layouts' shard / unshard, and error measures.
+ * Nothing here calls libinfinicp.
  */
 #ifndef INFINICP_TESTS_CPREF_H
 #define INFINICP_TESTS_CPREF_H
@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #include <infinicp/infinicp.h>
+
+#include "attn_model.h"
 
 typedef struct cpref_shape {
     int64_t B, S;
@@ -33,12 +35,6 @@ typedef struct cpref_data {
 int cpref_make(cpref_data *d, const cpref_shape *sh, cp_dtype dtype, uint64_t seed, double amp);
 void cpref_free(cpref_data *d);
 
-/* The FP64 attention itself (exposed for finite-difference checks). */
-void cpref_forward(const cpref_shape *sh, const double *q, const double *k, const double *v, double *out,
-                   double *lse);
-void cpref_backward(const cpref_shape *sh, const double *q, const double *k, const double *v,
-                    const double *out, const double *lse, const double *dout, double *dq, double *dk,
-                    double *dv);
 
 /* Round to the storage type and back. */
 double cpref_round(double x, cp_dtype t);
@@ -72,5 +68,11 @@ void cpref_result_free(cpref_result *r);
 /* Relative RMS error of out, lse, dq, dk, dv against the reference. */
 void cpref_errors(const cpref_data *d, const cpref_result *r, double e[5]);
 extern const char *const cpref_error_names[5];
+
+/* The model's shape for the whole sequence of sh (queries and keys alike). */
+model_shape cpref_model_shape(const cpref_shape *sh);
+/* The model's forward and backward of the given global inputs into r. */
+void cpref_model(const cpref_shape *sh, const double *q, const double *k, const double *v, const double *dout,
+                 cpref_result *r);
 
 #endif

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include "cprun.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,120 +128,56 @@ cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, cons
 
 /* ---- a world of ranks ---------------------------------------------------- */
 
-typedef struct rank_job {
+typedef struct cprun_job {
     const cpref_data *d;
     const cprun_cfg *c;
     cprun_out *o;
-    cp_comm *world;
-    int world_rank;
-    pthread_mutex_t *lock;
-} rank_job;
+} cprun_job;
 
-static void record(rank_job *j, cp_status s, const char *what)
+static void cprun_main(world_rank *wr, void *arg)
 {
-    pthread_mutex_lock(j->lock);
-    if (j->o->status == CP_SUCCESS && s != CP_SUCCESS) {
-        j->o->status = s;
-        snprintf(j->o->error, sizeof j->o->error, "world rank %d: %s: %s", j->world_rank, what, cp_last_error());
-    }
-    pthread_mutex_unlock(j->lock);
-}
-
-static void *rank_main(void *arg)
-{
-    rank_job *j = arg;
-    const cpref_data *d = j->d;
-    const cpref_shape *sh = &d->sh;
+    const cprun_job *j = arg;
     const cprun_cfg *c = j->c;
-    cp_context *ctx = NULL;
-    cp_comm *cpc = NULL, *split = NULL;
-    cp_group *g = NULL;
-    cp_attn_plan *plan = NULL;
-
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 1;
     cc.device = cprun_device;
-    cp_status s = cp_context_create(&cc, &ctx);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_context_create");
-        goto out;
-    }
-    cpc = j->world;
-    int color = 0;
-    if (c->strided || c->permuted) {
-        color = c->strided ? j->world_rank % 2 : 0;
-        int key = c->permuted ? -j->world_rank : j->world_rank;
-        s = cp_comm_split(j->world, color, key, &split);
-        if (s != CP_SUCCESS) {
-            record(j, s, "cp_comm_split");
-            goto out;
-        }
-        cpc = split;
-    }
     cp_group_config gc = CP_GROUP_CONFIG_INIT;
     gc.a2a_size = c->A;
     gc.timeout_ms = 60000;
-    s = cp_group_create(ctx, cpc, &gc, &g);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_group_create");
-        goto out;
+    cp_attn_desc desc = cprun_desc(&j->d->sh, c->dtype, c->format, c->layout, c->mode);
+    const int color = c->strided ? wr->rank % 2 : 0;
+    fixture_cfg fc = { .context = &cc, .device = c->device, .group = &gc, .desc = &desc };
+    if (c->strided || c->permuted) {
+        fc.split = 1;
+        fc.color = color;
+        fc.key = c->permuted ? -wr->rank : wr->rank;
     }
-    int r = -1, P = 0;
-    cp_group_rank(g, &r);
-    cp_group_size(g, &P);
-
-    cp_attn_desc desc = cprun_desc(sh, c->dtype, c->format, c->layout, c->mode);
-    s = cp_attn_plan_create(g, &desc, &plan);
-    if (s != CP_SUCCESS) {
-        record(j, s, "cp_attn_plan_create");
-        goto out;
-    }
-    if (r == 0 && color == 0)
-        cp_attn_workspace_size(plan, &j->o->ws_fwd, &j->o->ws_bwd);
+    if (fixture_open(wr, &fc) != CP_SUCCESS)
+        return;
+    const fixture *f = &wr->fx;
+    if (f->rank == 0 && color == 0)
+        cp_attn_workspace_size(f->plan, &j->o->ws_fwd, &j->o->ws_bwd);
     /* The library's own workspace on some ranks, the caller's on others. */
+    const int own = (int)(((unsigned)f->rank + (unsigned)c->mode + c->ws_salt) % 2u);
     const char *what = "";
-    s = cprun_rank(ctx, plan, d, &desc, P, r, (r + (int)c->mode) % 2, color == 0 ? &j->o->g : NULL, &what);
-    if (s != CP_SUCCESS)
-        record(j, s, what);
-out:
-    cp_attn_plan_destroy(plan);
-    cp_group_destroy(g);
-    cp_comm_destroy(split);
-    cp_comm_destroy(j->world);
-    cp_context_destroy(ctx);
-    return NULL;
+    world_fail(wr, cprun_rank(f->ctx, f->plan, j->d, &desc, f->size, f->rank, own, color == 0 ? &j->o->g : NULL, &what),
+               what);
 }
 
 cp_status cprun_world(const cpref_data *d, const cprun_cfg *c, cprun_out *o)
 {
     memset(o, 0, sizeof *o);
     cpref_result_alloc(&o->g, &d->sh);
-    const int world = c->strided ? 2 * c->P : c->P;
-    cp_comm *comms[16];
-    if (world < 1 || world > 16) {
-        o->status = CP_ERROR_INVALID_ARGUMENT;
-        snprintf(o->error, sizeof o->error, "cprun_world: %d world ranks (1 to 16)", world);
+    world *w = malloc(sizeof *w);
+    if (!w) {
+        o->status = CP_ERROR_OUT_OF_MEMORY;
+        snprintf(o->error, sizeof o->error, "cprun_world: out of memory");
         return o->status;
     }
-    cp_status s = cp_comm_create_local(world, comms);
-    if (s != CP_SUCCESS) {
-        o->status = s;
-        snprintf(o->error, sizeof o->error, "cp_comm_create_local: %s", cp_last_error());
-        return s;
-    }
-    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    rank_job jobs[16];
-    pthread_t th[16];
-    for (int w = 0; w < world; w++) {
-        jobs[w] = (rank_job){ d, c, o, comms[w], w, &lock };
-        if (pthread_create(&th[w], NULL, rank_main, &jobs[w]) != 0) {
-            /* the started ranks would wait for this one: nothing to do but stop */
-            fprintf(stderr, "cprun_world: pthread_create failed for world rank %d\n", w);
-            abort();
-        }
-    }
-    for (int w = 0; w < world; w++)
-        pthread_join(th[w], NULL);
+    cprun_job job = { d, c, o };
+    o->status = world_run(w, c->strided ? 2 * c->P : c->P, NULL, cprun_main, &job);
+    memcpy(o->error, w->error, sizeof o->error);
+    free(w);
     return o->status;
 }
 

@@ -4,6 +4,7 @@
 #define INFINICP_TESTS_CPRUN_H
 
 #include "cpref.h"
+#include "world.h"
 
 /* The descriptor of a cpref shape. */
 cp_attn_desc cprun_desc(const cpref_shape *sh, cp_dtype dtype, cp_format format, cp_layout layout, cp_mode mode);
@@ -33,21 +34,29 @@ typedef struct cprun_cfg {
     int P, A;
     int strided;  /* CP groups split from a world with tp = 2: world ranks {t, t+2, t+4, ...} */
     int permuted; /* CP rank order reversed against world rank order */
+    /* Where each rank's context is: NULL for a context of one thread on
+     * cprun_device, else a pretend device of the suite's. */
+    const fixture_device *device;
+    /* The plan's own workspace on CP ranks whose rank + mode + ws_salt is
+     * odd, the caller's on the others: a suite that runs a configuration
+     * more than once moves the split with the salt. */
+    unsigned ws_salt;
 } cprun_cfg;
 
 typedef struct cprun_out {
     cpref_result g;        /* global results, FP64 */
     size_t ws_fwd, ws_bwd; /* of CP rank 0 */
     cp_status status;
-    char error[512];       /* the first failure: world rank, call, cp_last_error() */
+    char error[WORLD_ERROR_MAX]; /* the first failure: world rank, call, cp_last_error() */
 } cprun_out;
 
 /*
  * Run CP attention forward and backward on d's inputs with c->P ranks (2 *
- * c->P world ranks when strided), each a thread with its own context on
- * cprun_device, over the in-process transport, and gather the results into
- * o->g (allocated here: free with cprun_out_free, also after a failure).
- * Returns the first failure's status (o->error says where).
+ * c->P world ranks when strided), each a thread of a world (world.h) with
+ * its own context on cprun_device (or c->device), over the in-process
+ * transport, and gather the results into o->g (allocated here: free with
+ * cprun_out_free, also after a failure). Returns the first failure's
+ * status (o->error says where).
  */
 cp_status cprun_world(const cpref_data *d, const cprun_cfg *c, cprun_out *o);
 void cprun_out_free(cprun_out *o);

@@ -22,6 +22,7 @@ static cp_status check(faulty *f, const char *what)
     faulty_plan *p = f->plan;
     if (f->world_rank != p->rank || !atomic_load(&p->armed) || atomic_fetch_add(&p->calls, 1) < p->after)
         return CP_SUCCESS;
+    p->stopped_in = what;
     atomic_store(&p->stopped, 1);
     switch (p->how) {
     case FAULTY_EXIT_PROCESS:

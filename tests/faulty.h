@@ -28,6 +28,7 @@ typedef struct faulty_plan {
     atomic_int armed;    /* calls count only while set */
     atomic_int calls;    /* counted so far */
     atomic_int stopped;  /* the rank has stopped */
+    const char *stopped_in; /* in which call ("sendrecv", "all_reduce", ...), once stopped */
     atomic_int released; /* FAULTY_STALL: let the stalled call return */
     atomic_llong sendrecv_bytes; /* bytes sent by the sendrecv calls of every wrapped rank */
 } faulty_plan;

@@ -32,6 +32,7 @@
 #include "cprun.h"
 #include "faulty.h"
 #include "testutil.h"
+#include "world.h"
 
 enum { P = 4, S = 32, H = 4, HKV = 2, D = 8, NGRAD = 10, MAX_ROUNDS = 12 };
 
@@ -83,7 +84,7 @@ typedef struct seen {
     char next_msg[600];
 } seen;
 
-typedef struct world {
+typedef struct scenario {
     const char *name;
     cp_mode mode;
     cp_layout layout;
@@ -95,15 +96,13 @@ typedef struct world {
     cpref_result clean;              /* before anything failed */
     cpref_result after[MAX_ROUNDS];  /* by the good calls after each round */
     seen r[MAX_ROUNDS][P];
-    cp_status setup;
-    char setup_msg[600];
     pthread_barrier_t bar;
-    pthread_mutex_t lock;
-} world;
+} scenario;
 
-/* One rank's handles and buffers. */
+/* One rank's handles (in its fixture) and buffers. */
 typedef struct rank_state {
-    world *w;
+    scenario *w;
+    world_rank *wr;
     int rank;
     cp_comm *comm;
     cp_context *ctx;
@@ -116,7 +115,7 @@ typedef struct rank_state {
     int64_t tokens[S / P], global[S];
 } rank_state;
 
-static cp_group_config group_config(const world *w)
+static cp_group_config group_config(const scenario *w)
 {
     cp_group_config gc = CP_GROUP_CONFIG_INIT;
     gc.timeout_ms = TIMEOUT_MS;
@@ -124,27 +123,21 @@ static cp_group_config group_config(const world *w)
     return gc;
 }
 
-static void note_setup(world *w, int rank, const char *what, cp_status s)
-{
-    pthread_mutex_lock(&w->lock);
-    if (w->setup == CP_SUCCESS) {
-        w->setup = s;
-        snprintf(w->setup_msg, sizeof w->setup_msg, "rank %d: %s: %s", rank, what, cp_last_error());
-    }
-    pthread_mutex_unlock(&w->lock);
-}
-
+/* The rank's fixture (the world closes it), then its buffers; a failure
+ * is noted with world_fail. */
 static cp_status setup_rank(rank_state *r)
 {
-    world *w = r->w;
+    scenario *w = r->w;
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 1;
     cp_group_config gc = group_config(w);
     r->desc = cprun_desc(&w->d->sh, CP_DTYPE_F32, CP_FORMAT_BSHD, w->layout, w->mode);
-    CPI_TRY(cp_context_create(&cc, &r->ctx));
-    CPI_TRY(cp_group_create(r->ctx, r->comm, &gc, &r->g));
-    CPI_TRY(cp_attn_plan_create(r->g, &r->desc, &r->p));
-    CPI_TRY(cp_attn_workspace_size(r->p, &r->wf, &r->wb));
+    const fixture_cfg fc = { .context = &cc, .group = &gc, .desc = &r->desc };
+    CPI_TRY(fixture_open(r->wr, &fc));
+    r->ctx = r->wr->fx.ctx;
+    r->g = r->wr->fx.group;
+    r->p = r->wr->fx.plan;
+    CPI_TRY(world_fail(r->wr, cp_attn_workspace_size(r->p, &r->wf, &r->wb), "cp_attn_workspace_size"));
     const size_t nq = S / P * H * D, nk = S / P * HKV * D;
     float **bufs[] = { &r->q, &r->out, &r->dout, &r->dq, &r->k, &r->v, &r->dk, &r->dv, &r->lse };
     const size_t n[] = { nq, nq, nq, nq, nk, nk, nk, nk, S / P * H };
@@ -158,10 +151,6 @@ static cp_status setup_rank(rank_state *r)
 
 static void release(rank_state *r)
 {
-    cp_attn_plan_destroy(r->p);
-    cp_group_destroy(r->g);
-    cp_context_destroy(r->ctx);
-    cp_comm_destroy(r->comm);
     float *bufs[] = { r->q, r->out, r->dout, r->dq, r->k, r->v, r->dk, r->dv, r->lse };
     for (int i = 0; i < 9; i++)
         free(bufs[i]);
@@ -318,28 +307,21 @@ static cp_status next_calls(rank_state *r, call c, cpref_result *into, char *msg
     return s;
 }
 
-typedef struct job {
-    world *w;
-    int rank;
-    cp_comm *comm;
-} job;
-
-static void *rank_main(void *arg)
+static void rank_main(world_rank *wr, void *arg)
 {
-    job *j = arg;
-    world *w = j->w;
-    rank_state r = { .w = w, .rank = j->rank, .comm = j->comm };
-    const char *what = "setup";
+    scenario *w = arg;
+    rank_state r = { .w = w, .wr = wr, .rank = wr->rank, .comm = wr->comm };
+    const char *what = "";
     cp_status s = setup_rank(&r);
     if (s == CP_SUCCESS)
-        s = cprun_rank(r.ctx, r.p, w->d, &r.desc, P, r.rank, 0, &w->clean, &what);
-    if (s != CP_SUCCESS)
-        note_setup(w, r.rank, what, s);
+        world_fail(wr, cprun_rank(r.ctx, r.p, w->d, &r.desc, P, r.rank, 0, &w->clean, &what), what);
+    else
+        world_fail(wr, s, "setup");
     /* every rank goes through every round, so none is left waiting */
     for (int i = 0; i < w->nrounds; i++) {
         seen *o = &w->r[i][r.rank];
         pthread_barrier_wait(&w->bar);
-        if (w->setup != CP_SUCCESS)
+        if (world_status(wr->w) != CP_SUCCESS)
             continue;
         /* arrivals in a different order every round */
         sleep_ms(((r.rank + i) % P) * 3);
@@ -350,7 +332,6 @@ static void *rank_main(void *arg)
         o->next = next_calls(&r, w->rounds[i].c, &w->after[i], o->next_msg, sizeof o->next_msg);
     }
     release(&r);
-    return NULL;
 }
 
 static int same(const double *a, const double *b, size_t n)
@@ -358,7 +339,7 @@ static int same(const double *a, const double *b, size_t n)
     return memcmp(a, b, n * sizeof *a) == 0;
 }
 
-static void check_round(const world *w, int i)
+static void check_round(const scenario *w, int i)
 {
     const round *rd = &w->rounds[i];
     const char *name = calls[rd->c].name;
@@ -409,31 +390,23 @@ static int teardown(void **state)
     return 0;
 }
 
-static void run_world(world *w)
+static void run_scenario(scenario *w)
 {
     w->d = &data;
     cpref_result_alloc(&w->clean, &data.sh);
     for (int i = 0; i < w->nrounds; i++)
         cpref_result_alloc(&w->after[i], &data.sh);
     pthread_barrier_init(&w->bar, NULL, P);
-    pthread_mutex_init(&w->lock, NULL);
     cp_comm *comms[P];
     assert_int_equal(cp_comm_create_local(P, comms), CP_SUCCESS);
     faulty_plan pass = { .rank = -1 }; /* passes every call through */
     for (int k = 0; k < P && w->wrapped; k++)
         assert_int_equal(faulty_wrap(&comms[k], &pass), CP_SUCCESS);
-    pthread_t th[P];
-    job jobs[P];
-    for (int k = 0; k < P; k++) {
-        jobs[k] = (job){ w, k, comms[k] };
-        assert_int_equal(pthread_create(&th[k], NULL, rank_main, &jobs[k]), 0);
-    }
-    for (int k = 0; k < P; k++)
-        pthread_join(th[k], NULL);
+    world wo;
+    cp_status s = world_run(&wo, P, comms, rank_main, w);
     pthread_barrier_destroy(&w->bar);
-    pthread_mutex_destroy(&w->lock);
-    if (w->setup != CP_SUCCESS)
-        fail_msg("%s: %s", w->name, w->setup_msg);
+    if (s != CP_SUCCESS)
+        fail_msg("%s: %s", w->name, wo.error);
     for (int i = 0; i < w->nrounds; i++)
         check_round(w, i);
     cpref_result_free(&w->clean);
@@ -449,21 +422,21 @@ static void run_world(world *w)
 static void test_p2p_every_call(void **state)
 {
     (void)state;
-    world w = { .name = "p2p zigzag",
-                .mode = CP_MODE_P2P,
-                .layout = CP_LAYOUT_ZIGZAG,
-                .a2a = 1,
-                ROUNDS({ GROUP_STREAMS, 1 }, { PLAN_HEAD_DIM, 3 }, { FORWARD_NULL_K, 0 }, { FORWARD_SMALL_WS, 3 },
-                       { BACKWARD_NULL_DQ, 2 }, { BACKWARD_SMALL_WS, 0 }, { GATHER_NULL_LOCAL, 3 },
-                       { LOSS_TOKENS, 1 }, { GRAD_OP, 0 }, { SPLIT_NULL_OUT, 2 }) };
-    run_world(&w);
+    scenario w = { .name = "p2p zigzag",
+                   .mode = CP_MODE_P2P,
+                   .layout = CP_LAYOUT_ZIGZAG,
+                   .a2a = 1,
+                   ROUNDS({ GROUP_STREAMS, 1 }, { PLAN_HEAD_DIM, 3 }, { FORWARD_NULL_K, 0 }, { FORWARD_SMALL_WS, 3 },
+                          { BACKWARD_NULL_DQ, 2 }, { BACKWARD_SMALL_WS, 0 }, { GATHER_NULL_LOCAL, 3 },
+                          { LOSS_TOKENS, 1 }, { GRAD_OP, 0 }, { SPLIT_NULL_OUT, 2 }) };
+    run_scenario(&w);
 }
 
 /* The other modes: the verdict rides each mode's first exchange. */
 static void test_modes(void **state)
 {
     (void)state;
-    world ws[] = {
+    scenario ws[] = {
         { .name = "all_gather zigzag",
           .mode = CP_MODE_ALL_GATHER,
           .layout = CP_LAYOUT_ZIGZAG,
@@ -484,14 +457,14 @@ static void test_modes(void **state)
                  { BACKWARD_SMALL_WS, 0 }) },
     };
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-        run_world(&ws[i]);
+        run_scenario(&ws[i]);
 }
 
 /* A transport the core cannot fold the verdict into: the ranks vote. */
 static void test_voted(void **state)
 {
     (void)state;
-    world ws[] = {
+    scenario ws[] = {
         { .name = "p2p contiguous, wrapped",
           .mode = CP_MODE_P2P,
           .layout = CP_LAYOUT_CONTIGUOUS,
@@ -507,7 +480,7 @@ static void test_voted(void **state)
           ROUNDS({ FORWARD_SMALL_WS, 3 }, { PLAN_HEAD_DIM, 1 }) },
     };
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-        run_world(&ws[i]);
+        run_scenario(&ws[i]);
 }
 
 /* ---- the plan's own workspace ------------------------------------------- */

@@ -28,7 +28,6 @@
  * in order), and both must be close to the FP64 reference of cpref.c.
  */
 #include <math.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,9 +44,7 @@
 #include "fakeasync.h"
 
 #define SEQ 48 /* zigzag needs S % (2P) == 0 for P = 2, 3, 4 */
-#define MAX_RANKS 4
 #define MAX_DELAY_US 200
-#define TIMEOUT_MS 60000
 
 /* Relative RMS error against the FP64 reference that an F32 run stays
  * under (fp32 accumulation over at most 48 keys; test-attn bounds CP=1 by
@@ -99,134 +96,68 @@ static void describe(const run_cfg *c, char *buf, size_t n)
 
 /* ---- one CP run: P ranks, each a thread ------------------------------------ */
 
-typedef struct world_run {
-    const cpref_data *d;
-    const run_cfg *c;
-    int fake;      /* pretend device, else CPU contexts */
-    unsigned seed; /* of the pretend device's delays */
+/* The pretend device of a run: its seed and its streams' speeds. */
+typedef struct fake_cfg {
+    unsigned seed;
     const speeds *speed;
-    cpref_result g; /* every rank's results, global */
-    pthread_mutex_t lock;
-    cp_status status; /* the first failure */
-    char error[512];
-} world_run;
+} fake_cfg;
 
-typedef struct rank_job {
-    world_run *w;
-    cp_comm *comm;
-    int rank;
-} rank_job;
-
-static void record(world_run *w, int rank, cp_status s, const char *what)
+/* A context by hand: the library reaches the device through ctx->ops and
+ * ctx->state only, and the pretend device is no backend that
+ * cp_context_create could open. */
+static cp_status open_fake(const world_rank *r, const cp_context_config *cc, void *arg, cp_context **out)
 {
-    pthread_mutex_lock(&w->lock);
-    if (w->status == CP_SUCCESS && s != CP_SUCCESS) {
-        w->status = s;
-        snprintf(w->error, sizeof w->error, "rank %d: %s: %s", rank, what, cp_last_error());
-    }
-    pthread_mutex_unlock(&w->lock);
-}
-
-static void *rank_main(void *arg)
-{
-    rank_job *j = arg;
-    world_run *w = j->w;
-    const run_cfg *c = w->c;
-    cp_context *ctx = NULL;
-    cp_context dev = { 0 };
+    const fake_cfg *f = arg;
+    (void)cc;
     void *fake = NULL;
-    cp_group *g = NULL;
-    cp_attn_plan *plan = NULL;
-    cp_status s;
-    if (w->fake) {
-        /* A context by hand: the library reaches the device through
-         * ctx->ops and ctx->state only, and the pretend device is no
-         * backend that cp_context_create could open. */
-        s = fakeasync_open(w->seed * 16 + (unsigned)j->rank, MAX_DELAY_US, &fake);
-        if (s == CP_SUCCESS && (s = fakeasync_set_delay(fake, 1, w->speed->comm_us)) == CP_SUCCESS)
-            s = fakeasync_set_delay(fake, 2, w->speed->compute_us);
-        dev.device = CP_DEVICE_CUDA;
-        dev.device_index = j->rank;
-        dev.num_threads = 1;
-        dev.deterministic = 1;
-        dev.ops = fakeasync_ops();
-        dev.state = fake;
-        ctx = &dev;
-    } else {
-        /* One thread, as every stream of the pretend device: the CPU
-         * backward splits its keys by the thread count, which changes how
-         * dQ is summed. */
-        cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
-        cc.num_threads = 1;
-        s = cp_context_create(&cc, &ctx);
-    }
-    if (s != CP_SUCCESS) {
-        record(w, j->rank, s, w->fake ? "opening the pretend device" : "cp_context_create");
-        goto out;
-    }
-    cp_group_config gc = CP_GROUP_CONFIG_INIT;
-    gc.a2a_size = c->A;
-    gc.timeout_ms = TIMEOUT_MS;
-    if ((s = cp_group_create(ctx, j->comm, &gc, &g)) != CP_SUCCESS) {
-        record(w, j->rank, s, "cp_group_create");
-        goto out;
-    }
-    int r = -1;
-    cp_group_rank(g, &r);
-    cp_attn_desc desc = cprun_desc(&w->d->sh, CP_DTYPE_F32, c->batch == 1 ? CP_FORMAT_BSHD : CP_FORMAT_SBHD,
-                                   c->layout, c->mode);
-    if ((s = cp_attn_plan_create(g, &desc, &plan)) != CP_SUCCESS) {
-        record(w, j->rank, s, "cp_attn_plan_create");
-        goto out;
-    }
-    /* The plan's own workspace on some ranks, the caller's (0xff bytes
-     * before each call) on the others, changing with the seed. */
-    const char *what = "";
-    s = cprun_rank(ctx, plan, w->d, &desc, c->P, r, (r + (int)w->seed) % 2, &w->g, &what);
-    if (s != CP_SUCCESS)
-        record(w, j->rank, s, what);
-out:
-    cp_attn_plan_destroy(plan);
-    cp_group_destroy(g);
-    cp_comm_destroy(j->comm);
-    if (w->fake) {
+    cp_status s = fakeasync_open(f->seed * 16 + (unsigned)r->rank, MAX_DELAY_US, &fake);
+    if (s == CP_SUCCESS && (s = fakeasync_set_delay(fake, 1, f->speed->comm_us)) == CP_SUCCESS)
+        s = fakeasync_set_delay(fake, 2, f->speed->compute_us);
+    cp_context *dev = s == CP_SUCCESS ? calloc(1, sizeof *dev) : NULL;
+    if (!dev) {
         if (fake)
             fakeasync_ops()->close(fake);
-    } else {
-        cp_context_destroy(ctx);
+        return s != CP_SUCCESS ? s : CP_ERROR_OUT_OF_MEMORY;
     }
-    return NULL;
+    dev->device = CP_DEVICE_CUDA;
+    dev->device_index = r->rank;
+    dev->num_threads = 1;
+    dev->deterministic = 1;
+    dev->ops = fakeasync_ops();
+    dev->state = fake;
+    *out = dev;
+    return CP_SUCCESS;
 }
 
-/* Run configuration c on d's inputs; the caller frees w->g. */
-static cp_status run_world(const cpref_data *d, const run_cfg *c, int fake, unsigned seed, const speeds *speed,
-                           world_run *w)
+static void close_fake(cp_context *ctx, void *arg)
 {
-    memset(w, 0, sizeof *w);
-    w->d = d;
-    w->c = c;
-    w->fake = fake;
-    w->seed = seed;
-    w->speed = speed;
-    pthread_mutex_init(&w->lock, NULL);
-    cpref_result_alloc(&w->g, &d->sh);
-    cp_comm *comms[MAX_RANKS];
-    cp_status s = cp_comm_create_local(c->P, comms);
-    if (s != CP_SUCCESS) {
-        snprintf(w->error, sizeof w->error, "cp_comm_create_local: %s", cp_last_error());
-        w->status = s;
-    } else {
-        rank_job jobs[MAX_RANKS];
-        pthread_t th[MAX_RANKS];
-        for (int i = 0; i < c->P; i++) {
-            jobs[i] = (rank_job){ w, comms[i], i };
-            assert_int_equal(pthread_create(&th[i], NULL, rank_main, &jobs[i]), 0);
-        }
-        for (int i = 0; i < c->P; i++)
-            pthread_join(th[i], NULL);
-    }
-    pthread_mutex_destroy(&w->lock);
-    return w->status;
+    (void)arg;
+    fakeasync_ops()->close(ctx->state);
+    free(ctx);
+}
+
+/*
+ * Run configuration c on d's inputs, on the pretend device with the given
+ * seed and speeds or (speed NULL) on CPU contexts of one thread, as every
+ * stream of the pretend device has: the CPU backward splits its keys by the
+ * thread count, which changes how dQ is summed. The plan's own workspace on
+ * some ranks, the caller's (0xff bytes before each call) on the others,
+ * changing with the seed. The caller frees o->g.
+ */
+static cp_status run_world(const cpref_data *d, const run_cfg *c, unsigned seed, const speeds *speed, cprun_out *o)
+{
+    fake_cfg f = { seed, speed };
+    const fixture_device fake = { open_fake, close_fake, &f };
+    const cprun_cfg rc = { .mode = c->mode,
+                           .layout = c->layout,
+                           .dtype = CP_DTYPE_F32,
+                           .format = c->batch == 1 ? CP_FORMAT_BSHD : CP_FORMAT_SBHD,
+                           .P = c->P,
+                           .A = c->A,
+                           .device = speed ? &fake : NULL,
+                           /* rank + seed decides, whatever the mode */
+                           .ws_salt = seed + (unsigned)c->mode };
+    return cprun_world(d, &rc, o);
 }
 
 /* ---- comparing ------------------------------------------------------------ */
@@ -292,22 +223,22 @@ static void check_config(const cpref_data *d, const run_cfg *c)
 {
     char cfg[128];
     describe(c, cfg, sizeof cfg);
-    world_run cpu;
-    if (run_world(d, c, 0, 0, NULL, &cpu) != CP_SUCCESS)
+    cprun_out cpu;
+    if (run_world(d, c, 0, NULL, &cpu) != CP_SUCCESS)
         fail_msg("%s on CPU contexts: %s", cfg, cpu.error);
     check_reference(d, &cpu.g, "on CPU contexts", cfg);
     for (int k = 0; k < SEEDS; k++) {
         const unsigned seed = next_seed++;
-        world_run fake;
+        cprun_out fake;
         char who[96];
         snprintf(who, sizeof who, "on the pretend device (seed %u, %s)", seed, profiles[k].name);
-        if (run_world(d, c, 1, seed, &profiles[k], &fake) != CP_SUCCESS)
+        if (run_world(d, c, seed, &profiles[k], &fake) != CP_SUCCESS)
             fail_msg("%s %s: %s", cfg, who, fake.error);
         check_reference(d, &fake.g, who, cfg);
         check_identical(&d->sh, &fake.g, &cpu.g, who, cfg);
-        cpref_result_free(&fake.g);
+        cprun_out_free(&fake);
     }
-    cpref_result_free(&cpu.g);
+    cprun_out_free(&cpu);
 }
 
 /* Every layout, mask and batch / format of one mode (a2a size A) on the

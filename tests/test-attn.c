@@ -8,7 +8,6 @@
  * the error at CP=1 on the same inputs: CP adds no error.
  */
 #include <math.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +22,7 @@
 #include "cpref.h"
 #include "cprun.h"
 #include "testutil.h"
+#include "world.h"
 
 /* The five relative RMS errors of a run against the FP64 reference. */
 typedef struct errs {
@@ -141,8 +141,8 @@ static void matrix(cp_mode mode, int hybrid_all)
                     sh.scale = 1.0 / sqrt((double)sh.D);
                     cpref_data d;
                     cpref_make(&d, &sh, dtypes[ti], 1000 + (uint64_t)idx * 7919 + (uint64_t)mode, 2.0);
-                    cprun_cfg base = { mode, (cp_layout)layout, dtypes[ti], idx % 2 ? CP_FORMAT_SBHD : CP_FORMAT_BSHD,
-                                     1, 1, 0, 0 };
+                    cprun_cfg base = { .mode = mode, .layout = (cp_layout)layout, .dtype = dtypes[ti],
+                                       .format = idx % 2 ? CP_FORMAT_SBHD : CP_FORMAT_BSHD, .P = 1, .A = 1 };
                     check_cp(&d, base, sizes, 4, hybrid_all);
                     cpref_free(&d);
                 }
@@ -192,7 +192,8 @@ static void test_a2a_replicated_kv_heads(void **state)
             sh.scale = 0.3;
             cpref_data d;
             cpref_make(&d, &sh, CP_DTYPE_F32, 77 + (uint64_t)hkv, 2.0);
-            cprun_cfg base = { CP_MODE_A2A, (cp_layout)layout, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
+            cprun_cfg base = { .mode = CP_MODE_A2A, .layout = (cp_layout)layout, .dtype = CP_DTYPE_F32,
+                               .format = CP_FORMAT_BSHD, .P = 1, .A = 1 };
             check_cp(&d, base, sizes, 2, 0);
             base.mode = CP_MODE_A2A_P2P;
             check_cp(&d, base, sizes, 2, 1);
@@ -211,7 +212,8 @@ static void test_strided_and_permuted_groups(void **state)
     cpref_make(&d, &sh, CP_DTYPE_F32, 4242, 2.0);
     for (int mode = 0; mode < 4; mode++)
         for (int variant = 1; variant <= 3; variant++) {
-            cprun_cfg base = { (cp_mode)mode, CP_LAYOUT_ZIGZAG, CP_DTYPE_F32, CP_FORMAT_BSHD, 1, 1, 0, 0 };
+            cprun_cfg base = { .mode = (cp_mode)mode, .layout = CP_LAYOUT_ZIGZAG, .dtype = CP_DTYPE_F32,
+                               .format = CP_FORMAT_BSHD, .P = 1, .A = 1 };
             cprun_out o1, o;
             base.P = 1;
             assert_int_equal(cprun_world(&d, &base, &o1), CP_SUCCESS);
@@ -237,53 +239,32 @@ static void test_strided_and_permuted_groups(void **state)
  * doubling the CP size halves it (within 10%) for p2p and a2a. Plans only:
  * the workspace is reported at creation. */
 typedef struct ws_job {
-    cp_comm *comm;
     cp_attn_desc d;
-    size_t fwd, bwd;
-    cp_status status;
+    size_t fwd[8], bwd[8];
 } ws_job;
 
-static void *ws_rank(void *arg)
+static void ws_rank(world_rank *r, void *arg)
 {
     ws_job *j = arg;
-    cp_context *ctx = NULL;
-    cp_group *g = NULL;
-    cp_attn_plan *p = NULL;
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 2;
-    j->status = cp_context_create(&cc, &ctx);
-    if (j->status == CP_SUCCESS)
-        j->status = cp_group_create(ctx, j->comm, NULL, &g);
-    if (j->status == CP_SUCCESS)
-        j->status = cp_attn_plan_create(g, &j->d, &p);
-    if (j->status == CP_SUCCESS)
-        j->status = cp_attn_workspace_size(p, &j->fwd, &j->bwd);
-    cp_attn_plan_destroy(p);
-    cp_group_destroy(g);
-    cp_comm_destroy(j->comm);
-    cp_context_destroy(ctx);
-    return NULL;
+    const fixture_cfg fc = { .context = &cc, .desc = &j->d };
+    if (fixture_open(r, &fc) == CP_SUCCESS)
+        world_fail(r, cp_attn_workspace_size(r->fx.plan, &j->fwd[r->rank], &j->bwd[r->rank]),
+                   "cp_attn_workspace_size");
 }
 
 static void plan_workspace(const cp_attn_desc *d, int P, size_t *fwd, size_t *bwd)
 {
-    cp_comm *comms[8];
-    ws_job jobs[8];
-    pthread_t th[8];
-    assert_int_equal(cp_comm_create_local(P, comms), CP_SUCCESS);
-    for (int r = 0; r < P; r++) {
-        jobs[r] = (ws_job){ comms[r], *d, 0, 0, CP_SUCCESS };
-        pthread_create(&th[r], NULL, ws_rank, &jobs[r]);
-    }
+    ws_job j = { .d = *d };
+    world w;
+    if (world_run(&w, P, NULL, ws_rank, &j) != CP_SUCCESS)
+        fail_msg("P=%d: %s", P, w.error);
+    /* every rank of a balanced layout needs the same */
     for (int r = 0; r < P; r++)
-        pthread_join(th[r], NULL);
-    for (int r = 0; r < P; r++) {
-        assert_int_equal(jobs[r].status, CP_SUCCESS);
-        /* every rank of a balanced layout needs the same */
-        assert_int_equal(jobs[r].fwd, jobs[0].fwd);
-    }
-    *fwd = jobs[0].fwd;
-    *bwd = jobs[0].bwd;
+        assert_int_equal(j.fwd[r], j.fwd[0]);
+    *fwd = j.fwd[0];
+    *bwd = j.bwd[0];
 }
 
 static void test_workspace_scales_with_tokens_per_rank(void **state)
@@ -332,67 +313,52 @@ static void test_workspace_scales_with_tokens_per_rank(void **state)
  * whose own descriptor is invalid gets CP_ERROR_INVALID_ARGUMENT and the
  * others CP_ERROR_MISMATCH, at once (no waiting for a timeout). */
 typedef struct mm_job {
-    cp_comm *comm;
-    int rank;
     int variant;
-    cp_status status;
-    char error[512];
+    cp_status status[4];
+    char error[4][512]; /* cp_last_error() of each rank */
 } mm_job;
 
-static void *mismatch_rank(void *arg)
+static void mismatch_rank(world_rank *r, void *arg)
 {
     mm_job *j = arg;
-    cp_context *ctx = NULL;
-    cp_group *g = NULL;
-    cp_attn_plan *p = (cp_attn_plan *)j; /* must be cleared on failure */
-    cp_context_create(NULL, &ctx);
     cp_group_config gc = CP_GROUP_CONFIG_INIT;
     gc.timeout_ms = 20000;
-    cp_group_create(ctx, j->comm, &gc, &g);
+    const fixture_cfg fc = { .group = &gc };
+    fixture_open(r, &fc);
     cp_attn_desc d = CP_ATTN_DESC_INIT;
     d.batch = 1;
     d.seq_len = 64;
     d.num_heads = 4;
     d.num_kv_heads = 4;
     d.head_dim = 8;
-    if (j->rank == 2) {
+    if (r->rank == 2) {
         if (j->variant == 0)
             d.seq_len = 128; /* valid, but not what the others say */
         else
             d.num_kv_heads = 3; /* invalid on its own */
     }
-    j->status = cp_attn_plan_create(g, &d, &p);
-    snprintf(j->error, sizeof j->error, "%s", cp_last_error());
+    cp_attn_plan *p = (cp_attn_plan *)j; /* must be cleared on failure */
+    j->status[r->rank] = cp_attn_plan_create(r->fx.group, &d, &p);
+    snprintf(j->error[r->rank], sizeof j->error[r->rank], "%s", cp_last_error());
     if (p != NULL)
-        j->status = CP_ERROR_INTERNAL;
-    cp_group_destroy(g);
-    cp_comm_destroy(j->comm);
-    cp_context_destroy(ctx);
-    return NULL;
+        j->status[r->rank] = CP_ERROR_INTERNAL;
 }
 
 static void test_mismatched_descriptors(void **state)
 {
     (void)state;
     for (int variant = 0; variant < 2; variant++) {
-        cp_comm *comms[4];
-        assert_int_equal(cp_comm_create_local(4, comms), CP_SUCCESS);
-        mm_job jobs[4];
-        pthread_t th[4];
-        for (int r = 0; r < 4; r++) {
-            jobs[r] = (mm_job){ comms[r], r, variant, CP_SUCCESS, "" };
-            pthread_create(&th[r], NULL, mismatch_rank, &jobs[r]);
-        }
-        for (int r = 0; r < 4; r++)
-            pthread_join(th[r], NULL);
+        mm_job j = { .variant = variant };
+        world w;
+        world_run(&w, 4, NULL, mismatch_rank, &j);
         for (int r = 0; r < 4; r++) {
             cp_status want = variant == 1 && r == 2 ? CP_ERROR_INVALID_ARGUMENT : CP_ERROR_MISMATCH;
-            if (jobs[r].status != want)
-                fail_msg("variant %d rank %d: status %d, want %d (%s)", variant, r, (int)jobs[r].status,
-                         (int)want, jobs[r].error);
-            assert_true(strlen(jobs[r].error) > 0);
+            if (j.status[r] != want)
+                fail_msg("variant %d rank %d: status %d, want %d (%s)", variant, r, (int)j.status[r], (int)want,
+                         j.error[r]);
+            assert_true(strlen(j.error[r]) > 0);
         }
-        assert_non_null(strstr(jobs[2].error, variant ? "num_kv_heads = 3" : "different descriptors"));
+        assert_non_null(strstr(j.error[2], variant ? "num_kv_heads = 3" : "different descriptors"));
     }
 }
 

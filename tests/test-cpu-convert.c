@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The CPU backend's convert and reduce (internal) against independent
- * rounding written in the test (ref_attn.c), on every ISA the processor
+ * rounding written in the tests (storage.c), on every ISA the processor
  * has, with random bit patterns: normals, subnormals, infinities and NaNs.
  */
 #include <math.h>
@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/cpu.h"
-#include "ref_attn.h"
+#include "storage.h"
 
 static const cp_dtype types[] = {CP_DTYPE_F32, CP_DTYPE_F16, CP_DTYPE_BF16, CP_DTYPE_F64};
 static const char *isas[] = {"avx512", "avx2", "generic"};

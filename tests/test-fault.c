@@ -8,7 +8,6 @@
  * world, group and plan must work in the same process.
  */
 #include <math.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,13 +15,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cmocka.h>
 
 #include "comm/comm.h"
 #include "faulty.h"
 #include "testutil.h"
+#include "world.h"
 
 enum { P = 4, S = 32, H = 4, HKV = 2, D = 8, VICTIM = 2 };
 
@@ -43,18 +42,12 @@ static void fill_inputs(void)
             all[t][i] = (float)(((i + 7 * (size_t)t) * 2654435761u) % 1000) / 1000.0f - 0.5f;
 }
 
-/* What one rank holds and what became of it. */
+/* What one rank holds (its fixture is its world's) and what became of it. */
 typedef struct rank_state {
-    int rank, size;
-    cp_comm *comm;
-    cp_context *ctx;
-    cp_group *group;
-    cp_attn_plan *plan;
     float *out, *lse, *dq, *dk, *dv;
     cp_status fwd, bwd;
     double fwd_ms, bwd_ms;
     char error[512];
-    int done; /* returned from the run, resources freed */
 } rank_state;
 
 typedef struct scenario {
@@ -62,34 +55,30 @@ typedef struct scenario {
     faulty_how how;
     int backward; /* stop in the backward (the forward completes) */
     int after;    /* transport calls the victim completes first */
+    const char *in; /* the call it stops in */
     faulty_plan plan;
     rank_state r[P];
-    atomic_int finished; /* ranks other than the victim that returned */
+    world w;
 } scenario;
 
-static void release(rank_state *r)
+static void free_bufs(rank_state *r)
 {
-    cp_attn_plan_destroy(r->plan);
-    cp_group_destroy(r->group);
-    cp_context_destroy(r->ctx);
-    cp_comm_destroy(r->comm);
     free(r->out);
     free(r->lse);
     free(r->dq);
     free(r->dk);
     free(r->dv);
-    r->plan = NULL, r->group = NULL, r->ctx = NULL, r->comm = NULL;
     r->out = r->lse = r->dq = r->dk = r->dv = NULL;
 }
 
 /* Plan a CP attention of the shared inputs on this rank's communicator. */
-static cp_status setup_rank(rank_state *r, cp_mode mode, int timeout_ms)
+static cp_status setup_rank(world_rank *wr, rank_state *r, cp_mode mode, int timeout_ms)
 {
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 1;
     cp_group_config gc = CP_GROUP_CONFIG_INIT;
     gc.timeout_ms = timeout_ms;
-    gc.a2a_size = mode == CP_MODE_A2A_P2P && r->size % 2 == 0 ? 2 : 1;
+    gc.a2a_size = mode == CP_MODE_A2A_P2P && wr->size % 2 == 0 ? 2 : 1;
     cp_attn_desc d = CP_ATTN_DESC_INIT;
     d.batch = 1;
     d.seq_len = S;
@@ -97,10 +86,9 @@ static cp_status setup_rank(rank_state *r, cp_mode mode, int timeout_ms)
     d.num_kv_heads = HKV;
     d.head_dim = D;
     d.mode = mode;
-    CPI_TRY(cp_context_create(&cc, &r->ctx));
-    CPI_TRY(cp_group_create(r->ctx, r->comm, &gc, &r->group));
-    CPI_TRY(cp_attn_plan_create(r->group, &d, &r->plan));
-    const size_t n = (size_t)(S / r->size);
+    const fixture_cfg fc = { .context = &cc, .group = &gc, .desc = &d };
+    CPI_TRY(fixture_open(wr, &fc));
+    const size_t n = (size_t)(S / wr->size);
     r->out = calloc(n * H * D, sizeof(float));
     r->lse = calloc(n * H, sizeof(float));
     r->dq = calloc(n * H * D, sizeof(float));
@@ -109,57 +97,46 @@ static cp_status setup_rank(rank_state *r, cp_mode mode, int timeout_ms)
     return r->out && r->lse && r->dq && r->dk && r->dv ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY;
 }
 
-static cp_status forward(rank_state *r)
+static cp_status forward(world_rank *wr, rank_state *r)
 {
-    const size_t row = (size_t)(S / r->size) * (size_t)r->rank;
-    return cp_attn_forward(r->plan, gq + row * H * D, gk + row * HKV * D, gv + row * HKV * D, r->out, r->lse,
+    const size_t row = (size_t)(S / wr->size) * (size_t)wr->rank;
+    return cp_attn_forward(wr->fx.plan, gq + row * H * D, gk + row * HKV * D, gv + row * HKV * D, r->out, r->lse,
                            NULL, 0);
 }
 
-static cp_status backward(rank_state *r)
+static cp_status backward(world_rank *wr, rank_state *r)
 {
-    const size_t row = (size_t)(S / r->size) * (size_t)r->rank;
-    return cp_attn_backward(r->plan, gq + row * H * D, gk + row * HKV * D, gv + row * HKV * D, r->out, r->lse,
+    const size_t row = (size_t)(S / wr->size) * (size_t)wr->rank;
+    return cp_attn_backward(wr->fx.plan, gq + row * H * D, gk + row * HKV * D, gv + row * HKV * D, r->out, r->lse,
                             gdo + row * H * D, r->dq, r->dk, r->dv, NULL, 0);
 }
 
-typedef struct rank_job {
-    scenario *sc;
-    rank_state *r;
-} rank_job;
-
-static void *fault_rank(void *p)
+static void fault_rank(world_rank *wr, void *arg)
 {
-    rank_job *j = p;
-    scenario *sc = j->sc;
-    rank_state *r = j->r;
-    const int victim = r->rank == VICTIM;
+    scenario *sc = arg;
+    rank_state *r = &sc->r[wr->rank];
+    const int victim = wr->rank == VICTIM;
     /* setting up has all the time it needs; the fault comes later */
-    cp_status s = setup_rank(r, sc->mode, TIMEOUT_MS);
+    cp_status s = setup_rank(wr, r, sc->mode, TIMEOUT_MS);
     if (s != CP_SUCCESS) {
         snprintf(r->error, sizeof r->error, "setup: %s", cp_last_error());
         r->fwd = s;
-    } else {
-        if (victim && !sc->backward)
-            faulty_arm(&sc->plan);
-        double t0 = now_ms();
-        r->fwd = forward(r);
-        r->fwd_ms = now_ms() - t0;
-        snprintf(r->error, sizeof r->error, "%s", cp_last_error());
-        if (sc->backward && r->fwd == CP_SUCCESS) {
-            if (victim)
-                faulty_arm(&sc->plan);
-            t0 = now_ms();
-            r->bwd = backward(r);
-            r->bwd_ms = now_ms() - t0;
-            snprintf(r->error, sizeof r->error, "%s", cp_last_error());
-        }
+        return;
     }
-    release(r);
-    r->done = 1;
-    if (!victim)
-        atomic_fetch_add(&sc->finished, 1);
-    return NULL;
+    if (victim && !sc->backward)
+        faulty_arm(&sc->plan);
+    double t0 = now_ms();
+    r->fwd = forward(wr, r);
+    r->fwd_ms = now_ms() - t0;
+    snprintf(r->error, sizeof r->error, "%s", cp_last_error());
+    if (sc->backward && r->fwd == CP_SUCCESS) {
+        if (victim)
+            faulty_arm(&sc->plan);
+        t0 = now_ms();
+        r->bwd = backward(wr, r);
+        r->bwd_ms = now_ms() - t0;
+        snprintf(r->error, sizeof r->error, "%s", cp_last_error());
+    }
 }
 
 static const char *mode_names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
@@ -172,30 +149,28 @@ static void run_scenario(scenario *sc)
     sc->plan.rank = VICTIM;
     sc->plan.after = sc->after;
     sc->plan.how = sc->how;
-    pthread_t th[P];
-    rank_job jobs[P];
-    for (int i = 0; i < P; i++) {
+    for (int i = 0; i < P; i++)
         assert_int_equal(faulty_wrap(&comms[i], &sc->plan), CP_SUCCESS);
-        sc->r[i] = (rank_state){ .rank = i, .size = P, .comm = comms[i] };
-        jobs[i] = (rank_job){ sc, &sc->r[i] };
-        assert_int_equal(pthread_create(&th[i], NULL, fault_rank, &jobs[i]), 0);
-    }
-    /* a stalled victim is let go only after the others gave up on it */
+    assert_int_equal(world_start(&sc->w, P, comms, fault_rank, sc), CP_SUCCESS);
+    /* a stalled victim is let go only after the others gave up on it (and
+     * freed what they hold) */
     if (sc->how == FAULTY_STALL) {
         double t0 = now_ms();
-        while (atomic_load(&sc->finished) < P - 1 && now_ms() - t0 < 60000)
+        while (atomic_load(&sc->w.returned) < P - 1 && now_ms() - t0 < 60000)
             sleep_ms(2);
         faulty_release(&sc->plan);
     }
+    /* a thread that exited left its fixture behind: the world frees it */
+    world_join(&sc->w);
     for (int i = 0; i < P; i++)
-        pthread_join(th[i], NULL);
-    /* a thread that exited left its resources behind: its owner frees them */
-    if (!sc->r[VICTIM].done)
-        release(&sc->r[VICTIM]);
+        free_bufs(&sc->r[i]);
 
     const char *where = sc->backward ? "backward" : "forward";
     if (!atomic_load(&sc->plan.stopped))
         fail_msg("%s %s: the victim never reached transport call %d", mode_names[sc->mode], where, sc->after);
+    if (strcmp(sc->plan.stopped_in, sc->in) != 0)
+        fail_msg("%s %s: the victim stopped at transport call %d in %s, not in %s: the calls before it changed",
+                 mode_names[sc->mode], where, sc->after, sc->plan.stopped_in, sc->in);
     for (int i = 0; i < P; i++) {
         const rank_state *r = &sc->r[i];
         cp_status s = sc->backward ? r->bwd : r->fwd;
@@ -218,22 +193,38 @@ static void run_scenario(scenario *sc)
     }
 }
 
+/*
+ * Where the victim stops: `after` counts the transport calls it completes
+ * first. On a wrapped transport (the faulty one here) the forward and the
+ * backward begin with the agreement's vote, one all_reduce (call 0).
+ */
 static void test_stop_mid_forward(void **state)
 {
     (void)state;
-    /* after: in p2p the ring's first step shifts K and V, so 2 stops it at
-     * the second step; the others stop after their first exchange */
     const struct {
         cp_mode mode;
         int after;
-    } cases[] = { { CP_MODE_P2P, 2 }, { CP_MODE_P2P, 0 }, { CP_MODE_ALL_GATHER, 1 }, { CP_MODE_A2A, 1 },
-                  { CP_MODE_A2A_P2P, 3 } };
+        const char *in;
+    } cases[] = {
+        /* in the vote, before any exchange of the forward */
+        { CP_MODE_P2P, 0, "all_reduce" },
+        /* the ring's first step shifts K and V (calls 1 and 2): at the
+         * second step's shift */
+        { CP_MODE_P2P, 3, "sendrecv" },
+        /* the others after their first exchange: all_gather after K, at V;
+         * a2a after Q, at K; a2a_p2p after the a2a of Q, K and V, at the
+         * ring's first shift */
+        { CP_MODE_ALL_GATHER, 2, "all_gather" },
+        { CP_MODE_A2A, 2, "all_to_all" },
+        { CP_MODE_A2A_P2P, 4, "sendrecv" },
+    };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int how = FAULTY_STALL; how <= FAULTY_EXIT_THREAD; how++) {
             scenario *sc = calloc(1, sizeof *sc);
             assert_non_null(sc);
             sc->mode = cases[c].mode;
             sc->after = cases[c].after;
+            sc->in = cases[c].in;
             sc->how = (faulty_how)how;
             run_scenario(sc);
             free(sc);
@@ -247,7 +238,10 @@ static void test_stop_mid_backward(void **state)
         scenario *sc = calloc(1, sizeof *sc);
         assert_non_null(sc);
         sc->mode = CP_MODE_P2P;
-        sc->after = 5; /* the backward's third shift: dK of the first step */
+        /* the vote, the first K and V, the next K and V while the first
+         * step computes, then the third shift: dK of the first step */
+        sc->after = 5;
+        sc->in = "sendrecv";
         sc->how = (faulty_how)how;
         sc->backward = 1;
         run_scenario(sc);
@@ -258,42 +252,29 @@ static void test_stop_mid_backward(void **state)
 /* ---- afterwards: a healthy world computes what one rank computes ---------- */
 
 typedef struct healthy_job {
-    rank_state r;
-    cp_status status;
-    char error[512];
-    float *out_all; /* where this rank's output rows go */
+    rank_state r[P];
+    float *out_all; /* where each rank's output rows go */
 } healthy_job;
 
-static void *healthy_rank(void *p)
+static void healthy_rank(world_rank *wr, void *arg)
 {
-    healthy_job *j = p;
-    rank_state *r = &j->r;
-    j->status = setup_rank(r, CP_MODE_P2P, 60000);
-    if (j->status == CP_SUCCESS)
-        j->status = forward(r);
-    if (j->status == CP_SUCCESS)
-        memcpy(j->out_all + (size_t)(S / r->size) * r->rank * H * D, r->out, (size_t)(S / r->size) * H * D * sizeof(float));
-    else
-        snprintf(j->error, sizeof j->error, "%s", cp_last_error());
-    release(r);
-    return NULL;
+    healthy_job *j = arg;
+    rank_state *r = &j->r[wr->rank];
+    cp_status s = setup_rank(wr, r, CP_MODE_P2P, 60000);
+    if (s != CP_SUCCESS)
+        world_fail(wr, s, "setup");
+    else if (world_fail(wr, forward(wr, r), "cp_attn_forward") == CP_SUCCESS)
+        memcpy(j->out_all + (size_t)(S / wr->size) * wr->rank * H * D, r->out,
+               (size_t)(S / wr->size) * H * D * sizeof(float));
+    free_bufs(r);
 }
 
 static void run_healthy(int n, float *out)
 {
-    cp_comm *comms[P];
-    assert_int_equal(cp_comm_create_local(n, comms), CP_SUCCESS);
-    healthy_job jobs[P];
-    pthread_t th[P];
-    for (int i = 0; i < n; i++) {
-        jobs[i] = (healthy_job){ .r = { .rank = i, .size = n, .comm = comms[i] }, .out_all = out };
-        assert_int_equal(pthread_create(&th[i], NULL, healthy_rank, &jobs[i]), 0);
-    }
-    for (int i = 0; i < n; i++)
-        pthread_join(th[i], NULL);
-    for (int i = 0; i < n; i++)
-        if (jobs[i].status != CP_SUCCESS)
-            fail_msg("healthy world of %d, rank %d: %s", n, i, jobs[i].error);
+    healthy_job j = { .out_all = out };
+    world w;
+    if (world_run(&w, n, NULL, healthy_rank, &j) != CP_SUCCESS)
+        fail_msg("healthy world of %d, %s", n, w.error);
 }
 
 static void test_new_world_afterwards(void **state)

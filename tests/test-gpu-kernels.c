@@ -2,9 +2,9 @@
 /*
  * The CUDA backend's kernels against references computed here: block
  * attention forward and backward on each of the three paths (tensor-core
- * "mma", fp32 "simt", unfused "cublas") against an FP64 block attention
- * written in this file and against the cuBLAS path, merge, conversion,
- * reduction, copies, streams and events, and the error paths.
+ * "mma", fp32 "simt", unfused "cublas") against the FP64 model of attn_model.c
+ * and against the cuBLAS path, merge, conversion, reduction, copies,
+ * streams and events, and the error paths.
  *
  * Skips (exit 77, with the reason printed) where there is no CUDA module,
  * driver or GPU.
@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "cpref.h"
+#include "attn_model.h"
 #include "gpuenv.h"
 #include "testutil.h"
 
@@ -107,101 +108,13 @@ static void unpack(const blk *c, const lay *l, cp_dtype t, const void *in, doubl
                            (const char *)in + (size_t)(b * l->sb + s * l->ss + h * l->sh) * es, t, (size_t)dim);
 }
 
-static int visible(const blk *c, int64_t i, int64_t j)
+/* The model's shape of a case's block. */
+static model_shape shape_of(const blk *c, double scale)
 {
-    return !c->causal || c->koff + j <= c->qoff + i;
-}
-
-/* FP64 forward over keys [k0, k1) of the block: o [B,Sq,H,Dv], lse [B,H,Sq]. */
-static void ref_forward(const blk *c, double scale, const double *q, const double *k, const double *v, double *o,
-                        double *lse)
-{
-    const int G = c->H / c->Hkv;
-    double *w = malloc((size_t)c->Sk * sizeof *w);
-    for (int64_t b = 0; b < c->B; b++)
-        for (int h = 0; h < c->H; h++)
-            for (int64_t i = 0; i < c->Sq; i++) {
-                const double *qi = q + dense_at(c->Sq, c->H, c->D, b, i, h);
-                double mx = -INFINITY;
-                for (int64_t j = 0; j < c->Sk; j++) {
-                    w[j] = -INFINITY;
-                    if (!visible(c, i, j))
-                        continue;
-                    const double *kj = k + dense_at(c->Sk, c->Hkv, c->D, b, j, h / G);
-                    double s = 0;
-                    for (int d = 0; d < c->D; d++)
-                        s += qi[d] * kj[d];
-                    w[j] = s * scale;
-                    mx = w[j] > mx ? w[j] : mx;
-                }
-                double *oi = o + dense_at(c->Sq, c->H, c->Dv, b, i, h);
-                double *li = lse + ((size_t)b * c->H + (size_t)h) * (size_t)c->Sq + (size_t)i;
-                for (int d = 0; d < c->Dv; d++)
-                    oi[d] = 0;
-                if (mx == -INFINITY) {
-                    *li = -INFINITY;
-                    continue;
-                }
-                double sum = 0;
-                for (int64_t j = 0; j < c->Sk; j++)
-                    sum += visible(c, i, j) ? exp(w[j] - mx) : 0.0;
-                for (int64_t j = 0; j < c->Sk; j++) {
-                    if (!visible(c, i, j))
-                        continue;
-                    const double pj = exp(w[j] - mx) / sum;
-                    const double *vj = v + dense_at(c->Sk, c->Hkv, c->Dv, b, j, h / G);
-                    for (int d = 0; d < c->Dv; d++)
-                        oi[d] += pj * vj[d];
-                }
-                *li = mx + log(sum);
-            }
-    free(w);
-}
-
-/* FP64 backward of the function the kernels compute from the given O and
- * LSE: P = exp(S - lse), D = rowsum(dO * O), dS = scale P (dP - D). */
-static void ref_backward(const blk *c, double scale, const double *q, const double *k, const double *v,
-                         const double *o, const double *lse, const double *dout, double *dq, double *dk,
-                         double *dv)
-{
-    const int G = c->H / c->Hkv;
-    memset(dq, 0, (size_t)c->B * c->Sq * c->H * c->D * sizeof *dq);
-    memset(dk, 0, (size_t)c->B * c->Sk * c->Hkv * c->D * sizeof *dk);
-    memset(dv, 0, (size_t)c->B * c->Sk * c->Hkv * c->Dv * sizeof *dv);
-    for (int64_t b = 0; b < c->B; b++)
-        for (int h = 0; h < c->H; h++)
-            for (int64_t i = 0; i < c->Sq; i++) {
-                const double l = lse[((size_t)b * c->H + (size_t)h) * (size_t)c->Sq + (size_t)i];
-                if (l == -INFINITY)
-                    continue;
-                const double *qi = q + dense_at(c->Sq, c->H, c->D, b, i, h);
-                const double *oi = o + dense_at(c->Sq, c->H, c->Dv, b, i, h);
-                const double *gi = dout + dense_at(c->Sq, c->H, c->Dv, b, i, h);
-                double Di = 0;
-                for (int d = 0; d < c->Dv; d++)
-                    Di += gi[d] * oi[d];
-                double *dqi = dq + dense_at(c->Sq, c->H, c->D, b, i, h);
-                for (int64_t j = 0; j < c->Sk; j++) {
-                    if (!visible(c, i, j))
-                        continue;
-                    const double *kj = k + dense_at(c->Sk, c->Hkv, c->D, b, j, h / G);
-                    const double *vj = v + dense_at(c->Sk, c->Hkv, c->Dv, b, j, h / G);
-                    double s = 0, dp = 0;
-                    for (int d = 0; d < c->D; d++)
-                        s += qi[d] * kj[d];
-                    for (int d = 0; d < c->Dv; d++)
-                        dp += gi[d] * vj[d];
-                    const double p = exp(s * scale - l), ds = scale * p * (dp - Di);
-                    double *dkj = dk + dense_at(c->Sk, c->Hkv, c->D, b, j, h / G);
-                    double *dvj = dv + dense_at(c->Sk, c->Hkv, c->Dv, b, j, h / G);
-                    for (int d = 0; d < c->D; d++) {
-                        dqi[d] += ds * kj[d];
-                        dkj[d] += ds * qi[d];
-                    }
-                    for (int d = 0; d < c->Dv; d++)
-                        dvj[d] += p * gi[d];
-                }
-            }
+    model_shape m = { .batch = c->B, .seq_q = c->Sq, .seq_k = c->Sk, .heads = c->H, .kv_heads = c->Hkv,
+                      .head_dim = c->D, .head_dim_v = c->Dv, .q_offset = c->qoff, .k_offset = c->koff,
+                      .causal = c->causal, .scale = scale };
+    return m;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -250,7 +163,8 @@ static void make_case(dcase *d, const blk *c, cp_dtype t)
     const size_t nl = (size_t)c->B * c->H * c->Sq;
     d->o = malloc(d->no * sizeof(double));
     d->lse = malloc(nl * sizeof(double));
-    ref_forward(c, d->scale, d->q, d->k, d->v, d->o, d->lse);
+    const model_shape m = shape_of(c, d->scale);
+    model_forward(&m, d->q, d->k, d->v, d->o, d->lse);
     d->o_in = malloc(d->no * sizeof(double));
     d->lse_in = malloc(nl * sizeof(float));
     double *lse_d = malloc(nl * sizeof(double));
@@ -263,7 +177,9 @@ static void make_case(dcase *d, const blk *c, cp_dtype t)
     d->dq = malloc(d->nq * sizeof(double));
     d->dk = malloc(d->nk * sizeof(double));
     d->dv = malloc(d->nv * sizeof(double));
-    ref_backward(c, d->scale, d->q, d->k, d->v, d->o_in, lse_d, d->dout, d->dq, d->dk, d->dv);
+    /* the backward of the function the kernels compute from the O and LSE
+     * they are given */
+    model_backward(&m, d->q, d->k, d->v, d->o_in, lse_d, d->dout, d->dq, d->dk, d->dv);
     free(lse_d);
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The single-device kernels (cp_kernel_attn_forward / _backward / _merge /
- * _workspace_size) against the FP64 reference of ref_attn.c.
+ * _workspace_size) against the FP64 model of attn_model.c.
  *
  * Inputs are random values rounded to the storage type, so the reference sees
  * exactly the numbers the kernel sees and every difference is the kernel's
@@ -44,7 +44,8 @@
 
 #include <infinicp/infinicp.h>
 
-#include "ref_attn.h"
+#include "attn_model.h"
+#include "storage.h"
 #include "testutil.h"
 
 #define TOL_F32 2e-5
@@ -225,7 +226,7 @@ static double rel_err(const double *x, const double *ref, size_t n, double floor
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
-    ref_attn_shape s;
+    model_shape s;
     cp_dtype dtype, o_dtype, grad_dtype;
     layout lay;
 } kcase;
@@ -247,19 +248,19 @@ static void fixture_init(fixture *f, const kcase *c, uint64_t seed)
 {
     memset(f, 0, sizeof *f);
     f->c = *c;
-    const ref_attn_shape *s = &c->s;
+    const model_shape *s = &c->s;
     ref_rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};
-    f->q = random_values(&r, ref_attn_q_elems(s), c->dtype, 1.0);
-    f->k = random_values(&r, ref_attn_k_elems(s), c->dtype, 1.0);
-    f->v = random_values(&r, ref_attn_v_elems(s), c->dtype, 1.0);
-    f->dout = random_values(&r, ref_attn_o_elems(s), c->o_dtype, 1.0);
-    f->o = malloc(sizeof(double) * ref_attn_o_elems(s));
-    f->lse = malloc(sizeof(double) * ref_attn_lse_elems(s));
-    f->dq = malloc(sizeof(double) * ref_attn_q_elems(s));
-    f->dk = malloc(sizeof(double) * ref_attn_k_elems(s));
-    f->dv = malloc(sizeof(double) * ref_attn_v_elems(s));
-    ref_attn_forward(s, f->q, f->k, f->v, f->o, f->lse);
-    ref_attn_backward(s, f->q, f->k, f->v, f->dout, f->dq, f->dk, f->dv);
+    f->q = random_values(&r, model_q_elems(s), c->dtype, 1.0);
+    f->k = random_values(&r, model_k_elems(s), c->dtype, 1.0);
+    f->v = random_values(&r, model_v_elems(s), c->dtype, 1.0);
+    f->dout = random_values(&r, model_o_elems(s), c->o_dtype, 1.0);
+    f->o = malloc(sizeof(double) * model_o_elems(s));
+    f->lse = malloc(sizeof(double) * model_lse_elems(s));
+    f->dq = malloc(sizeof(double) * model_q_elems(s));
+    f->dk = malloc(sizeof(double) * model_k_elems(s));
+    f->dv = malloc(sizeof(double) * model_v_elems(s));
+    model_forward(s, f->q, f->k, f->v, f->o, f->lse);
+    model_backward(s, f->q, f->k, f->v, f->o, f->lse, f->dout, f->dq, f->dk, f->dv);
     f->tq = make_tensor(c->lay, c->dtype, s->batch, s->seq_q, s->heads, s->head_dim, f->q);
     f->tk = make_tensor(c->lay, c->dtype, s->batch, s->seq_k, s->kv_heads, s->head_dim, f->k);
     f->tv = make_tensor(c->lay, c->dtype, s->batch, s->seq_k, s->kv_heads, s->head_dim_v, f->v);
@@ -319,9 +320,9 @@ static void set_o(cp_kernel_attn_args *a, const tensor *o, layout l)
 }
 
 /* LSE buffers: dense [B, H, S] floats. */
-static float *new_lse(const ref_attn_shape *s, float fill)
+static float *new_lse(const model_shape *s, float fill)
 {
-    size_t n = ref_attn_lse_elems(s);
+    size_t n = model_lse_elems(s);
     float *l = malloc(sizeof(float) * n);
     assert_non_null(l);
     for (size_t i = 0; i < n; i++)
@@ -357,8 +358,8 @@ static void check_close(const double *x, const double *ref, size_t n, double tol
 static void run_forward(const fixture *f)
 {
     const kcase *c = &f->c;
-    const ref_attn_shape *s = &c->s;
-    size_t no = ref_attn_o_elems(s), nl = ref_attn_lse_elems(s);
+    const model_shape *s = &c->s;
+    size_t no = model_o_elems(s), nl = model_lse_elems(s);
     double *first = NULL;
     for (int i = 0; i < nctx; i++) {
         tensor o = make_tensor(c->lay, c->o_dtype, s->batch, s->seq_q, s->heads, s->head_dim_v, NULL);
@@ -391,8 +392,8 @@ static void run_forward(const fixture *f)
  * backward reads; and the reference LSE as floats. */
 static tensor reference_o(const fixture *f, cp_dtype t)
 {
-    const ref_attn_shape *s = &f->c.s;
-    size_t n = ref_attn_o_elems(s);
+    const model_shape *s = &f->c.s;
+    size_t n = model_o_elems(s);
     double *r = malloc(sizeof(double) * n);
     assert_non_null(r);
     for (size_t i = 0; i < n; i++)
@@ -404,7 +405,7 @@ static tensor reference_o(const fixture *f, cp_dtype t)
 
 static float *reference_lse(const fixture *f)
 {
-    size_t n = ref_attn_lse_elems(&f->c.s);
+    size_t n = model_lse_elems(&f->c.s);
     float *lse = new_lse(&f->c.s, 0);
     for (size_t i = 0; i < n; i++)
         lse[i] = (float)f->lse[i];
@@ -417,7 +418,7 @@ typedef struct {
 
 static grads new_grads(const fixture *f, cp_dtype t)
 {
-    const ref_attn_shape *s = &f->c.s;
+    const model_shape *s = &f->c.s;
     layout l = f->c.lay;
     grads g = {make_tensor(l, t, s->batch, s->seq_q, s->heads, s->head_dim, NULL),
                make_tensor(l, t, s->batch, s->seq_k, s->kv_heads, s->head_dim, NULL),
@@ -637,7 +638,7 @@ static void test_forward_accumulate(void **state)
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         fixture f;
         fixture_init(&f, &cases[ci], 300 + ci);
-        const ref_attn_shape *s = &f.c.s;
+        const model_shape *s = &f.c.s;
         for (int xi = 0; xi < nctx; xi += 2) {
             for (int oi = 0; oi < 4; oi++) {
                 /* orders 0..2 start with a plain call; order 3 accumulates
@@ -658,8 +659,8 @@ static void test_forward_accumulate(void **state)
                 double *got = read_tensor(&o);
                 char what[96];
                 snprintf(what, sizeof what, "accumulated O (case %zu, order %d, %s)", ci, oi, ctxs[xi].name);
-                check_close(got, f.o, ref_attn_o_elems(s), TOL_F32, 1e-30, what);
-                check_lse(lse, f.lse, ref_attn_lse_elems(s), what);
+                check_close(got, f.o, model_o_elems(s), TOL_F32, 1e-30, what);
+                check_lse(lse, f.lse, model_lse_elems(s), what);
                 free(got);
                 free(lse);
                 free_tensor(&o);
@@ -678,8 +679,8 @@ static void test_hidden_blocks(void **state)
     kcase c = make_case(1, 20, 30, 2, 1, 8, 8, 10, 0, 1, CP_DTYPE_F32, LAYOUT_BSHD);
     fixture f;
     fixture_init(&f, &c, 77);
-    const ref_attn_shape *s = &c.s;
-    size_t no = ref_attn_o_elems(s), nl = ref_attn_lse_elems(s);
+    const model_shape *s = &c.s;
+    size_t no = model_o_elems(s), nl = model_lse_elems(s);
     for (int xi = 0; xi < nctx; xi++) {
         cp_context *ctx = ctxs[xi].ctx;
         tensor o = make_tensor(c.lay, CP_DTYPE_F32, s->batch, s->seq_q, s->heads, s->head_dim_v, NULL);
@@ -753,22 +754,22 @@ static void test_hidden_blocks(void **state)
         b.k_offset = 1000;
         backward_ok(ctx, &b);
         double *dq = read_tensor(&g.dq), *dk = read_tensor(&g.dk), *dv = read_tensor(&g.dv);
-        for (size_t i = 0; i < ref_attn_q_elems(s); i++)
+        for (size_t i = 0; i < model_q_elems(s); i++)
             assert_true(dq[i] == 0);
-        for (size_t i = 0; i < ref_attn_k_elems(s); i++)
+        for (size_t i = 0; i < model_k_elems(s); i++)
             assert_true(dk[i] == 0);
-        for (size_t i = 0; i < ref_attn_v_elems(s); i++)
+        for (size_t i = 0; i < model_v_elems(s); i++)
             assert_true(dv[i] == 0);
         free(dq), free(dk), free(dv);
         fill_tensor(&g.dq, 1.5), fill_tensor(&g.dk, -2.5), fill_tensor(&g.dv, 3.5);
         b.grad_accumulate = 1;
         backward_ok(ctx, &b);
         dq = read_tensor(&g.dq), dk = read_tensor(&g.dk), dv = read_tensor(&g.dv);
-        for (size_t i = 0; i < ref_attn_q_elems(s); i++)
+        for (size_t i = 0; i < model_q_elems(s); i++)
             assert_true(dq[i] == 1.5);
-        for (size_t i = 0; i < ref_attn_k_elems(s); i++)
+        for (size_t i = 0; i < model_k_elems(s); i++)
             assert_true(dk[i] == -2.5);
-        for (size_t i = 0; i < ref_attn_v_elems(s); i++)
+        for (size_t i = 0; i < model_v_elems(s); i++)
             assert_true(dv[i] == 3.5);
         free(dq), free(dk), free(dv);
         free(lf);
@@ -789,7 +790,7 @@ static void test_merge(void **state)
     kcase c = make_case(2, 33, 100, 3, 3, 8, 16, 60, 0, 1, CP_DTYPE_BF16, LAYOUT_SBHD);
     fixture f;
     fixture_init(&f, &c, 5);
-    const ref_attn_shape *s = &c.s;
+    const model_shape *s = &c.s;
     const int64_t cuts[] = {0, 30, 75, 100};
     const cp_dtype part_t[] = {CP_DTYPE_F32, CP_DTYPE_BF16, CP_DTYPE_F32};
     for (int xi = 0; xi < nctx; xi += 2) {
@@ -818,8 +819,8 @@ static void test_merge(void **state)
         }
         double *got = read_tensor(&o);
         /* one part went through BF16: one rounding of its share */
-        check_close(got, f.o, ref_attn_o_elems(s), tol_for(CP_DTYPE_BF16, 0), 1e-30, "merged O");
-        check_lse(lse, f.lse, ref_attn_lse_elems(s), "merged");
+        check_close(got, f.o, model_o_elems(s), tol_for(CP_DTYPE_BF16, 0), 1e-30, "merged O");
+        check_lse(lse, f.lse, model_lse_elems(s), "merged");
         free(got);
         free(lse);
         free_tensor(&o);
@@ -877,7 +878,7 @@ static void test_backward_accumulate(void **state)
         tensor o;
         float *lse;
         split_fixture(ci, 40 + ci, &f, &o, &lse);
-        const ref_attn_shape *s = &f.c.s;
+        const model_shape *s = &f.c.s;
         double tol = tol_for(f.c.o_dtype, 1);
         for (int xi = 0; xi < nctx; xi += 2) {
             cp_context *ctx = ctxs[xi].ctx;
@@ -894,7 +895,7 @@ static void test_backward_accumulate(void **state)
             a.grad_accumulate = 1;
             backward_ok(ctx, &a);
             fixture shifted = f;
-            size_t nq = ref_attn_q_elems(s), nk = ref_attn_k_elems(s), nv = ref_attn_v_elems(s);
+            size_t nq = model_q_elems(s), nk = model_k_elems(s), nv = model_v_elems(s);
             shifted.dq = malloc(sizeof(double) * nq), shifted.dk = malloc(sizeof(double) * nk);
             shifted.dv = malloc(sizeof(double) * nv);
             for (size_t i = 0; i < nq; i++)
@@ -927,8 +928,8 @@ static void test_backward_drow(void **state)
         tensor o;
         float *lse;
         split_fixture(ci, 60 + ci, &f, &o, &lse);
-        const ref_attn_shape *s = &f.c.s;
-        const size_t nrows = ref_attn_lse_elems(s);
+        const model_shape *s = &f.c.s;
+        const size_t nrows = model_lse_elems(s);
         /* the FP64 rowsum of dO and O as the kernels read them */
         double *ref = calloc(nrows, sizeof(double)), *ov = read_tensor(&o), *dov = read_tensor(&f.tdo);
         assert_non_null(ref);
@@ -969,7 +970,7 @@ static void test_backward_drow(void **state)
             a.drow_ready = 1;
             backward_ok(ctx, &a);
             double *got = read_tensor(&reuse.dq);
-            double e = rel_err(got, f.dq, ref_attn_q_elems(s), 1e-3);
+            double e = rel_err(got, f.dq, model_q_elems(s), 1e-3);
             if (!(e > 10 * tol_for(f.c.o_dtype, 1)))
                 fail_msg("case %zu on %s: dQ from a shifted rowsum is within %.3g of the true one", ci,
                          ctxs[xi].name, e);
@@ -990,21 +991,23 @@ static void test_backward_drow(void **state)
 static void test_reference_gradient(void **state)
 {
     (void)state;
-    ref_attn_shape shapes[] = {
+    model_shape shapes[] = {
         {1, 3, 5, 2, 1, 3, 2, 2, 0, 1, 0.7},  /* causal, GQA 2:1, D != Dv */
         {2, 2, 3, 2, 2, 2, 3, 0, 0, 0, -1.3}, /* no mask, negative scale */
         {1, 3, 3, 1, 1, 2, 2, 0, 1, 1, 0.5},  /* query 0 sees no key */
     };
     ref_rng r = {99};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const ref_attn_shape *s = &shapes[si];
-        size_t nq = ref_attn_q_elems(s), nk = ref_attn_k_elems(s), nv = ref_attn_v_elems(s),
-               no = ref_attn_o_elems(s);
+        const model_shape *s = &shapes[si];
+        size_t nq = model_q_elems(s), nk = model_k_elems(s), nv = model_v_elems(s),
+               no = model_o_elems(s);
         double *q = random_values(&r, nq, CP_DTYPE_F64, 1.0), *k = random_values(&r, nk, CP_DTYPE_F64, 1.0),
                *v = random_values(&r, nv, CP_DTYPE_F64, 1.0), *dout = random_values(&r, no, CP_DTYPE_F64, 1.0);
         double *dq = malloc(sizeof(double) * nq), *dk = malloc(sizeof(double) * nk),
-               *dv = malloc(sizeof(double) * nv);
-        ref_attn_backward(s, q, k, v, dout, dq, dk, dv);
+               *dv = malloc(sizeof(double) * nv), *o = malloc(sizeof(double) * no),
+               *lse = malloc(sizeof(double) * model_lse_elems(s));
+        model_forward(s, q, k, v, o, lse);
+        model_backward(s, q, k, v, o, lse, dout, dq, dk, dv);
         struct {
             double *x, *g;
             size_t n;
@@ -1014,9 +1017,9 @@ static void test_reference_gradient(void **state)
             for (size_t i = 0; i < vars[vi].n; i++) {
                 double x0 = vars[vi].x[i];
                 vars[vi].x[i] = x0 + h;
-                double lp = ref_attn_loss(s, q, k, v, dout);
+                double lp = model_loss(s, q, k, v, dout);
                 vars[vi].x[i] = x0 - h;
-                double lm = ref_attn_loss(s, q, k, v, dout);
+                double lm = model_loss(s, q, k, v, dout);
                 vars[vi].x[i] = x0;
                 double fd = (lp - lm) / (2 * h);
                 /* central differences: error O(h^2) ~ 1e-10 plus 1e-16 / h */
@@ -1027,7 +1030,7 @@ static void test_reference_gradient(void **state)
         if (si == 2) /* query 0 sees no key: its gradient is exactly 0 */
             for (int d = 0; d < s->head_dim; d++)
                 assert_true(dq[d] == 0);
-        free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv);
+        free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv), free(o), free(lse);
     }
 }
 

@@ -9,7 +9,6 @@
  * ranks that disagree on the ordering; a rank that never arrives. The
  * pretend device itself comes first.
  */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -25,6 +24,7 @@
 #include "commsuite.h"
 #include "fakeasync.h"
 #include "testutil.h"
+#include "world.h"
 
 #define MAX_RANKS 4
 #define MAX_DELAY_US 200
@@ -35,31 +35,29 @@
 
 typedef void (*rank_fn)(int rank, int size, cp_comm *c, void *dev, void *arg);
 
-typedef struct job {
+/* The device states of a world's ranks, and what each rank runs on its own. */
+typedef struct fake_world {
     rank_fn fn;
-    int rank, size;
-    cp_comm *c;
-    void *dev;
     void *arg;
-} job;
+    void *devs[MAX_RANKS];
+} fake_world;
 
-static void *job_main(void *p)
+static void fake_rank(world_rank *r, void *p)
 {
-    job *j = p;
-    j->fn(j->rank, j->size, j->c, j->dev, j->arg);
-    return NULL;
+    fake_world *f = p;
+    f->fn(r->rank, r->size, r->comm, f->devs[r->rank], f->arg);
 }
 
 /* A fresh world of n ranks (made with INFINICP_LOCAL_HOST_SYNC=1 when
- * host_sync) and a fresh pretend device state per rank, for one run of fn. */
+ * host_sync) and a fresh pretend device state per rank, for one run of fn.
+ * The states are closed only once the whole world is done: work a rank
+ * queued may wait on events of a peer's state. */
 static void run_world(int n, bool host_sync, unsigned seed, rank_fn fn, void *arg)
 {
+    fake_world f = { fn, arg, { NULL } };
     cp_comm *comms[MAX_RANKS];
-    void *devs[MAX_RANKS];
-    pthread_t t[MAX_RANKS];
-    job jobs[MAX_RANKS];
     for (int i = 0; i < n; i++)
-        assert_int_equal(fakeasync_open(seed * 16 + (unsigned)i, MAX_DELAY_US, &devs[i]), CP_SUCCESS);
+        assert_int_equal(fakeasync_open(seed * 16 + (unsigned)i, MAX_DELAY_US, &f.devs[i]), CP_SUCCESS);
     /* the world reads it when it is made */
     if (host_sync)
         assert_int_equal(setenv("INFINICP_LOCAL_HOST_SYNC", "1", 1), 0);
@@ -67,16 +65,11 @@ static void run_world(int n, bool host_sync, unsigned seed, rank_fn fn, void *ar
     if (host_sync)
         unsetenv("INFINICP_LOCAL_HOST_SYNC");
     assert_int_equal(s, CP_SUCCESS);
-    for (int i = 0; i < n; i++) {
-        jobs[i] = (job){ fn, i, n, comms[i], devs[i], arg };
-        assert_int_equal(pthread_create(&t[i], NULL, job_main, &jobs[i]), 0);
-    }
+    world w;
+    if (world_run(&w, n, comms, fake_rank, &f) != CP_SUCCESS)
+        fail_msg("%s", w.error);
     for (int i = 0; i < n; i++)
-        pthread_join(t[i], NULL);
-    for (int i = 0; i < n; i++)
-        cp_comm_destroy(comms[i]);
-    for (int i = 0; i < n; i++)
-        fakeasync_ops()->close(devs[i]);
+        fakeasync_ops()->close(f.devs[i]);
 }
 
 /* bytes of memory on backend b (NULL: the host), or abort. */

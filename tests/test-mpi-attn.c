@@ -36,8 +36,8 @@ int dlclose(void *handle)
     return 0;
 }
 
-static int world_rank, world_size;
-static cp_comm *world;
+static int mpi_rank, mpi_size;
+static cp_comm *world_comm;
 static cp_context *ctx;
 
 typedef struct cfg {
@@ -147,7 +147,7 @@ static void matrix(cp_comm *cpc, MPI_Comm mpi_group, int P)
 static void test_world_group(void **state)
 {
     (void)state;
-    matrix(world, MPI_COMM_WORLD, world_size);
+    matrix(world_comm, MPI_COMM_WORLD, mpi_size);
 }
 
 /* tp = 2, cp = world / 2: the CP groups are the strided world ranks
@@ -156,20 +156,20 @@ static void test_strided_groups(void **state)
 {
     (void)state;
     cp_topology_config tc = CP_TOPOLOGY_CONFIG_INIT;
-    tc.world_size = world_size;
+    tc.world_size = mpi_size;
     tc.tp = 2;
-    tc.cp = world_size / 2;
+    tc.cp = mpi_size / 2;
     cp_topology *t;
     assert_int_equal(cp_topology_create(&tc, &t), CP_SUCCESS);
     int color, key;
-    assert_int_equal(cp_topology_color(t, world_rank, CP_AXIS_CP, &color, &key), CP_SUCCESS);
+    assert_int_equal(cp_topology_color(t, mpi_rank, CP_AXIS_CP, &color, &key), CP_SUCCESS);
     cp_topology_destroy(t);
     cp_comm *cpc;
-    if (cp_comm_split(world, color, key, &cpc) != CP_SUCCESS)
+    if (cp_comm_split(world_comm, color, key, &cpc) != CP_SUCCESS)
         fail_msg("cp_comm_split: %s", cp_last_error());
     MPI_Comm mg;
     MPI_Comm_split(MPI_COMM_WORLD, color, key, &mg);
-    matrix(cpc, mg, world_size / 2);
+    matrix(cpc, mg, mpi_size / 2);
     MPI_Comm_free(&mg);
     cp_comm_destroy(cpc);
 }
@@ -177,24 +177,24 @@ static void test_strided_groups(void **state)
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
     int rc = 1;
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 1;
-    if (world_size % 2 || cp_context_create(&cc, &ctx) != CP_SUCCESS ||
-        cp_comm_create_mpi_comm(MPI_COMM_WORLD, &world) != CP_SUCCESS) {
-        fprintf(stderr, "setup failed (world size %d must be even): %s\n", world_size, cp_last_error());
+    if (mpi_size % 2 || cp_context_create(&cc, &ctx) != CP_SUCCESS ||
+        cp_comm_create_mpi_comm(MPI_COMM_WORLD, &world_comm) != CP_SUCCESS) {
+        fprintf(stderr, "setup failed (world size %d must be even): %s\n", mpi_size, cp_last_error());
     } else {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(test_world_group),
             cmocka_unit_test(test_strided_groups),
         };
         char name[48];
-        snprintf(name, sizeof name, "mpi-attn rank %d", world_rank);
+        snprintf(name, sizeof name, "mpi-attn rank %d", mpi_rank);
         rc = cmocka_run_group_tests_name(name, tests, NULL, NULL) ? 1 : 0;
     }
-    cp_comm_destroy(world);
+    cp_comm_destroy(world_comm);
     cp_context_destroy(ctx);
     MPI_Finalize();
     return rc;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Non-finite inputs propagate as in exact arithmetic (DESIGN.md section 5):
+ * Non-finite inputs propagate as in exact arithmetic (docs/RELIABILITY.md):
  * a NaN or an inf planted in q, k, v or dout reaches exactly the outputs
  * whose computation includes it, with the class (NaN, +inf, -inf, finite)
  * that IEEE arithmetic over the visible (query, key) pairs gives; every
@@ -9,8 +9,8 @@
  *
  * Each case runs CP=1 and CP=4 in every mode (a2a+p2p as 2 x 2), so the
  * kernels, the merges of the ring and all_gather, and the a2a exchanges
- * are all on the path. The expected pattern comes from an FP64 model of
- * its own below (IEEE semantics, masked pairs left out of every sum), run
+ * are all on the path. The expected pattern comes from the FP64 model of
+ * attn_model.c (IEEE semantics, masked pairs left out of every sum), run
  * on the clean and on the planted inputs: an output is "touched" iff the
  * two model results differ. Built twice: for the CPU, and with
  * -DCPRUN_CUDA for a CUDA device (suite gpu).
@@ -31,34 +31,11 @@
 #include "cpref.h"
 #include "cprun.h"
 
-/* ---- the model --------------------------------------------------------- */
-
-typedef struct model {
-    double *out, *lse, *dq, *dk, *dv;
-} model;
+/* ---- the model's results ------------------------------------------------- */
 
 static size_t numel(const cpref_shape *sh, int heads, int dim)
 {
     return (size_t)sh->B * (size_t)sh->S * (size_t)heads * (size_t)dim;
-}
-
-static void model_alloc(model *m, const cpref_shape *sh)
-{
-    m->out = calloc(numel(sh, sh->H, sh->Dv), sizeof(double));
-    m->lse = calloc(numel(sh, sh->H, 1), sizeof(double));
-    m->dq = calloc(numel(sh, sh->H, sh->D), sizeof(double));
-    m->dk = calloc(numel(sh, sh->Hkv, sh->D), sizeof(double));
-    m->dv = calloc(numel(sh, sh->Hkv, sh->Dv), sizeof(double));
-    assert_true(m->out && m->lse && m->dq && m->dk && m->dv);
-}
-
-static void model_free(model *m)
-{
-    free(m->out);
-    free(m->lse);
-    free(m->dq);
-    free(m->dk);
-    free(m->dv);
 }
 
 /* Row (b, s, h) of a [B][S][heads][dim] tensor. */
@@ -67,112 +44,10 @@ static size_t at(const cpref_shape *sh, int64_t b, int64_t s, int h, int heads, 
     return (((size_t)b * (size_t)sh->S + (size_t)s) * (size_t)heads + (size_t)h) * (size_t)dim;
 }
 
-static int visible(const cpref_shape *sh, int64_t i, int64_t j)
+static void model_alloc(cpref_result *m, const cpref_shape *sh)
 {
-    return !sh->causal || j <= i;
-}
-
-/*
- * Forward and backward in FP64 with IEEE semantics: m is the maximum of the
- * visible scores (NaN if one is NaN), l = sum exp(s - m), O = sum exp(s - m)
- * v / l, LSE = m + log l; a row that sees no key, or whose scores are all
- * -inf (weights of exactly 0), has O = 0, LSE = -inf.
- * The backward takes the model's own O and LSE: P = exp(s - LSE) (0 where
- * LSE = -inf),
- * dS = P (dO.v - rowsum(dO * O)), dV += P dO, dK += scale dS q,
- * dQ += scale dS k over visible pairs only.
- */
-static void model_run(const cpref_shape *sh, const double *q, const double *k, const double *v,
-                      const double *dout, model *m)
-{
-    const int G = sh->H / sh->Hkv;
-    const size_t nk = numel(sh, sh->Hkv, sh->D), nv = numel(sh, sh->Hkv, sh->Dv);
-    memset(m->dk, 0, nk * sizeof(double));
-    memset(m->dv, 0, nv * sizeof(double));
-    double *s = malloc((size_t)sh->S * sizeof(double));
-    assert_non_null(s);
-    for (int64_t b = 0; b < sh->B; b++)
-        for (int h = 0; h < sh->H; h++) {
-            const int kvh = h / G;
-            for (int64_t i = 0; i < sh->S; i++) {
-                const double *qi = q + at(sh, b, i, h, sh->H, sh->D);
-                double *oi = m->out + at(sh, b, i, h, sh->H, sh->Dv);
-                double *lse = m->lse + ((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)i;
-                double mx = -INFINITY;
-                int any = 0, nan = 0;
-                for (int64_t j = 0; j < sh->S; j++) {
-                    if (!visible(sh, i, j))
-                        continue;
-                    const double *kj = k + at(sh, b, j, kvh, sh->Hkv, sh->D);
-                    double dot = 0;
-                    for (int e = 0; e < sh->D; e++)
-                        dot += qi[e] * kj[e];
-                    s[j] = sh->scale * dot;
-                    nan |= isnan(s[j]);
-                    mx = s[j] > mx ? s[j] : mx;
-                    any = 1;
-                }
-                /* no key, or only scores of -inf: every weight is exactly 0,
-                 * which the library treats as seeing no key (the same at any
-                 * CP size, however the keys are cut) */
-                if (!any || (!nan && mx == -INFINITY)) {
-                    for (int e = 0; e < sh->Dv; e++)
-                        oi[e] = 0;
-                    *lse = -INFINITY;
-                    continue;
-                }
-                if (nan)
-                    mx = NAN;
-                double l = 0;
-                for (int e = 0; e < sh->Dv; e++)
-                    oi[e] = 0;
-                for (int64_t j = 0; j < sh->S; j++) {
-                    if (!visible(sh, i, j))
-                        continue;
-                    double p = exp(s[j] - mx);
-                    l += p;
-                    const double *vj = v + at(sh, b, j, kvh, sh->Hkv, sh->Dv);
-                    for (int e = 0; e < sh->Dv; e++)
-                        oi[e] += p * vj[e];
-                }
-                for (int e = 0; e < sh->Dv; e++)
-                    oi[e] /= l;
-                *lse = mx + log(l);
-            }
-            for (int64_t i = 0; i < sh->S; i++) {
-                const double *qi = q + at(sh, b, i, h, sh->H, sh->D);
-                const double *oi = m->out + at(sh, b, i, h, sh->H, sh->Dv);
-                const double *doi = dout + at(sh, b, i, h, sh->H, sh->Dv);
-                double *dqi = m->dq + at(sh, b, i, h, sh->H, sh->D);
-                double lse = m->lse[((size_t)b * (size_t)sh->H + (size_t)h) * (size_t)sh->S + (size_t)i];
-                double Di = 0;
-                for (int e = 0; e < sh->Dv; e++)
-                    Di += doi[e] * oi[e];
-                for (int e = 0; e < sh->D; e++)
-                    dqi[e] = 0;
-                for (int64_t j = 0; j < sh->S; j++) {
-                    if (!visible(sh, i, j))
-                        continue;
-                    const double *kj = k + at(sh, b, j, kvh, sh->Hkv, sh->D);
-                    const double *vj = v + at(sh, b, j, kvh, sh->Hkv, sh->Dv);
-                    double dot = 0, dp = 0;
-                    for (int e = 0; e < sh->D; e++)
-                        dot += qi[e] * kj[e];
-                    for (int e = 0; e < sh->Dv; e++)
-                        dp += doi[e] * vj[e];
-                    double p = lse == -INFINITY ? 0.0 : exp(sh->scale * dot - lse), ds = p * (dp - Di);
-                    double *dkj = m->dk + at(sh, b, j, kvh, sh->Hkv, sh->D);
-                    double *dvj = m->dv + at(sh, b, j, kvh, sh->Hkv, sh->Dv);
-                    for (int e = 0; e < sh->Dv; e++)
-                        dvj[e] += p * doi[e];
-                    for (int e = 0; e < sh->D; e++) {
-                        dkj[e] += sh->scale * ds * qi[e];
-                        dqi[e] += sh->scale * ds * kj[e];
-                    }
-                }
-            }
-        }
-    free(s);
+    cpref_result_alloc(m, sh);
+    assert_true(m->out && m->lse && m->dq && m->dk && m->dv);
 }
 
 /* ---- comparing ---------------------------------------------------------- */
@@ -194,7 +69,7 @@ static const char *tensor_names[] = { "out", "lse", "dq", "dk", "dv" };
 
 typedef struct expect {
     const cpref_shape *sh;
-    const model *clean, *planted; /* the model without and with the plant */
+    const cpref_result *clean, *planted; /* the model without and with the plant */
     cp_dtype dtype;
     int exact_dq; /* 0 where dQ is summed in no fixed order (CUDA atomics) */
     const char *what;
@@ -203,11 +78,6 @@ typedef struct expect {
 static void tensors_of(const cpref_result *r, double *t[5])
 {
     t[0] = r->out, t[1] = r->lse, t[2] = r->dq, t[3] = r->dk, t[4] = r->dv;
-}
-
-static void tensors_of_model(const model *m, double *t[5])
-{
-    t[0] = m->out, t[1] = m->lse, t[2] = m->dq, t[3] = m->dk, t[4] = m->dv;
 }
 
 static size_t tensor_size(const cpref_shape *sh, int t)
@@ -233,8 +103,8 @@ static size_t tensor_size(const cpref_shape *sh, int t)
 static size_t check_run(const expect *x, const cpref_result *clean_run, const cpref_result *run, size_t *wrong)
 {
     double *ref0[5], *ref[5], *got0[5], *got[5];
-    tensors_of_model(x->clean, ref0);
-    tensors_of_model(x->planted, ref);
+    tensors_of(x->clean, ref0);
+    tensors_of(x->planted, ref);
     tensors_of(clean_run, got0);
     tensors_of(run, got);
     size_t nonfinite = 0;
@@ -287,7 +157,8 @@ static const char *run_names[RUNS] = { "CP=1", "CP=4 all_gather", "CP=4 p2p", "C
 
 static cprun_cfg run_cfg_of(const config *c, int r)
 {
-    cprun_cfg rc = { CP_MODE_P2P, c->layout, c->dtype, c->format, 1, 1, 0, 0 };
+    cprun_cfg rc = { .mode = CP_MODE_P2P, .layout = c->layout, .dtype = c->dtype, .format = c->format,
+                     .P = 1, .A = 1 };
     if (r > 0) {
         rc.mode = (cp_mode)(r - 1);
         rc.P = 4;
@@ -337,10 +208,10 @@ static void check_config(const config *c, int config_index)
     sh.scale = 0.25;
     cpref_data clean;
     assert_int_equal(cpref_make(&clean, &sh, c->dtype, 900 + (uint64_t)config_index, 1.0), 0);
-    model m0, m1;
+    cpref_result m0, m1;
     model_alloc(&m0, &sh);
     model_alloc(&m1, &sh);
-    model_run(&sh, clean.q, clean.k, clean.v, clean.dout, &m0);
+    cpref_model(&sh, clean.q, clean.k, clean.v, clean.dout, &m0);
 
     /* quick: CP=1, CP=4 p2p and a2a */
     int use[RUNS] = { 1, !quick(), 1, 1, !quick() };
@@ -378,7 +249,7 @@ static void check_config(const config *c, int config_index)
                 }
                 copy[tensor][at(&sh, 0, pos, head, heads, dim) + (size_t)elem] = values[vi];
                 d.q = copy[0], d.k = copy[1], d.v = copy[2], d.dout = copy[3];
-                model_run(&sh, d.q, d.k, d.v, d.dout, &m1);
+                cpref_model(&sh, d.q, d.k, d.v, d.dout, &m1);
 
                 static const char *tn[] = { "q", "k", "v", "dout" };
                 char what[256];
@@ -414,8 +285,8 @@ static void check_config(const config *c, int config_index)
     if (failed_runs)
         fail_msg("%d of %d runs gave outputs other than the model's (the first wrong output of each above)",
                  failed_runs, total_runs);
-    model_free(&m0);
-    model_free(&m1);
+    cpref_result_free(&m0);
+    cpref_result_free(&m1);
     cpref_free(&clean);
 }
 
@@ -439,30 +310,30 @@ static void test_model(void **state)
     (void)state;
     cpref_shape sh = { .B = 1, .S = 2, .H = 1, .Hkv = 1, .D = 1, .Dv = 1, .causal = 1, .scale = 1.0 };
     double q[2] = { 1, 1 }, k[2] = { 0, 0 }, v[2] = { 2, 4 }, dout[2] = { 1, 1 };
-    model m;
+    cpref_result m;
     model_alloc(&m, &sh);
-    model_run(&sh, q, k, v, dout, &m);
+    cpref_model(&sh, q, k, v, dout, &m);
     /* equal scores: row 0 sees v0, row 1 the mean of v0 and v1 */
     assert_true(m.out[0] == 2 && m.out[1] == 3);
     assert_true(m.lse[0] == 0 && fabs(m.lse[1] - log(2.0)) < 1e-15);
     k[0] = NAN; /* both rows see key 0 */
-    model_run(&sh, q, k, v, dout, &m);
+    cpref_model(&sh, q, k, v, dout, &m);
     assert_true(isnan(m.out[0]) && isnan(m.out[1]) && isnan(m.lse[0]) && isnan(m.lse[1]));
     k[0] = 0;
     k[1] = NAN; /* only row 1 sees key 1 */
-    model_run(&sh, q, k, v, dout, &m);
+    cpref_model(&sh, q, k, v, dout, &m);
     assert_true(m.out[0] == 2 && m.lse[0] == 0 && isnan(m.out[1]) && isnan(m.lse[1]));
     k[1] = -INFINITY; /* score -inf: row 1 drops the key, exactly */
-    model_run(&sh, q, k, v, dout, &m);
+    cpref_model(&sh, q, k, v, dout, &m);
     assert_true(m.out[1] == 2 && m.lse[1] == 0);
     k[0] = k[1] = -INFINITY; /* row 0 sees only -inf scores: weights 0, as no key */
-    model_run(&sh, q, k, v, dout, &m);
+    cpref_model(&sh, q, k, v, dout, &m);
     assert_true(m.out[0] == 0 && m.lse[0] == -INFINITY);
     k[0] = 0;
     k[1] = INFINITY; /* inf - inf in row 1's softmax */
-    model_run(&sh, q, k, v, dout, &m);
+    cpref_model(&sh, q, k, v, dout, &m);
     assert_true(m.out[0] == 2 && isnan(m.out[1]) && isnan(m.lse[1]) && isnan(m.dk[0]) && m.dq[0] == 0 && isnan(m.dq[1]));
-    model_free(&m);
+    cpref_result_free(&m);
 }
 
 int main(void)

@@ -9,7 +9,6 @@
  * fork: a child of a process that holds a multi-threaded CPU context can
  * still use it (on one thread) and destroy it, with the parent's results.
  */
-#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -27,6 +26,7 @@
 #include <infinicp/infinicp.h>
 
 #include "testutil.h"
+#include "world.h"
 
 enum { JOBS = 8, MAX_P = 4, B = 2, S = 32, H = 4, HKV = 2, D = 16 };
 
@@ -56,15 +56,6 @@ typedef struct tensors {
     float *lse;
     size_t nq, nk, es; /* elements of q-like and k-like tensors, element size */
 } tensors;
-
-typedef struct rank_run {
-    const job_cfg *cfg;
-    int job, rank;
-    cp_comm *comm;
-    tensors t;
-    cp_status status;
-    char error[512];
-} rank_run;
 
 /* Deterministic values of the job's dtype in [-2, 2], different per job,
  * rank and tensor: BF16 as the top half of an F32, F16 built from bits. */
@@ -118,14 +109,17 @@ static void tensors_free(tensors *t)
         free(all[i]);
 }
 
+/* One job: its config and each rank's tensors. */
+typedef struct job_run {
+    const job_cfg *cfg;
+    tensors t[MAX_P];
+} job_run;
+
 /* One rank of one job: its own context, group and plan, forward and backward. */
-static void *rank_main(void *p)
+static void rank_main(world_rank *wr, void *arg)
 {
-    rank_run *r = p;
-    const job_cfg *c = r->cfg;
-    cp_context *ctx = NULL;
-    cp_group *g = NULL;
-    cp_attn_plan *plan = NULL;
+    const job_run *job = arg;
+    const job_cfg *c = job->cfg;
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = c->threads;
     cp_group_config gc = CP_GROUP_CONFIG_INIT;
@@ -142,62 +136,43 @@ static void *rank_main(void *p)
     d.mask = c->mask;
     d.layout = c->layout;
     d.mode = c->mode;
-    tensors *t = &r->t;
-    cp_status s = cp_context_create(&cc, &ctx);
-    if (s == CP_SUCCESS)
-        s = cp_group_create(ctx, r->comm, &gc, &g);
-    if (s == CP_SUCCESS)
-        s = cp_attn_plan_create(g, &d, &plan);
-    if (s == CP_SUCCESS)
-        s = cp_attn_forward(plan, t->q, t->k, t->v, t->out, t->lse, NULL, 0);
-    if (s == CP_SUCCESS)
-        s = cp_attn_backward(plan, t->q, t->k, t->v, t->out, t->lse, t->dout, t->dq, t->dk, t->dv, NULL, 0);
-    r->status = s;
-    if (s != CP_SUCCESS)
-        snprintf(r->error, sizeof r->error, "%s", cp_last_error());
-    cp_attn_plan_destroy(plan);
-    cp_group_destroy(g);
-    cp_context_destroy(ctx);
-    return NULL;
+    const tensors *t = &job->t[wr->rank];
+    const fixture_cfg fc = { .context = &cc, .group = &gc, .desc = &d };
+    if (fixture_open(wr, &fc) != CP_SUCCESS ||
+        world_fail(wr, cp_attn_forward(wr->fx.plan, t->q, t->k, t->v, t->out, t->lse, NULL, 0), "cp_attn_forward"))
+        return;
+    world_fail(wr,
+               cp_attn_backward(wr->fx.plan, t->q, t->k, t->v, t->out, t->lse, t->dout, t->dq, t->dk, t->dv, NULL, 0),
+               "cp_attn_backward");
 }
 
 typedef struct runs {
-    rank_run r[JOBS][MAX_P];
-    cp_comm *comms[JOBS][MAX_P];
+    job_run job[JOBS];
+    world w[JOBS];
 } runs;
 
 static void prepare(runs *all)
 {
     for (int j = 0; j < JOBS; j++) {
-        assert_int_equal(cp_comm_create_local(jobs[j].P, all->comms[j]), CP_SUCCESS);
-        for (int i = 0; i < jobs[j].P; i++) {
-            rank_run *r = &all->r[j][i];
-            *r = (rank_run){ .cfg = &jobs[j], .job = j, .rank = i, .comm = all->comms[j][i] };
-            tensors_alloc(&r->t, &jobs[j], j, i);
-        }
+        all->job[j].cfg = &jobs[j];
+        for (int i = 0; i < jobs[j].P; i++)
+            tensors_alloc(&all->job[j].t[i], &jobs[j], j, i);
     }
 }
 
-static void finish(runs *all)
-{
-    for (int j = 0; j < JOBS; j++)
-        for (int i = 0; i < jobs[j].P; i++) {
-            if (all->r[j][i].status != CP_SUCCESS)
-                fail_msg("job %d rank %d: %s", j, i, all->r[j][i].error);
-            cp_comm_destroy(all->comms[j][i]);
-        }
-}
-
-/* Start the ranks of jobs [first, last) and wait for them. */
+/* Start the ranks of jobs [first, last), wait for them all, then fail on
+ * the first job that failed. */
 static void run_jobs(runs *all, int first, int last)
 {
-    pthread_t th[JOBS][MAX_P];
+    cp_status s[JOBS];
     for (int j = first; j < last; j++)
-        for (int i = 0; i < jobs[j].P; i++)
-            assert_int_equal(pthread_create(&th[j][i], NULL, rank_main, &all->r[j][i]), 0);
+        s[j] = world_start(&all->w[j], jobs[j].P, NULL, rank_main, &all->job[j]);
     for (int j = first; j < last; j++)
-        for (int i = 0; i < jobs[j].P; i++)
-            pthread_join(th[j][i], NULL);
+        if (s[j] == CP_SUCCESS)
+            s[j] = world_join(&all->w[j]);
+    for (int j = first; j < last; j++)
+        if (s[j] != CP_SUCCESS)
+            fail_msg("job %d: %s", j, all->w[j].error);
 }
 
 static void test_concurrent_equals_serial(void **state)
@@ -210,11 +185,9 @@ static void test_concurrent_equals_serial(void **state)
     for (int j = 0; j < JOBS; j++)
         run_jobs(serial, j, j + 1);
     run_jobs(together, 0, JOBS);
-    finish(serial);
-    finish(together);
     for (int j = 0; j < JOBS; j++)
         for (int i = 0; i < jobs[j].P; i++) {
-            const tensors *a = &serial->r[j][i].t, *b = &together->r[j][i].t;
+            const tensors *a = &serial->job[j].t[i], *b = &together->job[j].t[i];
             const struct {
                 const char *name;
                 const void *x, *y;
@@ -235,8 +208,8 @@ static void test_concurrent_equals_serial(void **state)
                     fail_msg("job %d rank %d: %s differs between the serial and the concurrent run", j, i,
                              results[k].name);
             }
-            tensors_free(&serial->r[j][i].t);
-            tensors_free(&together->r[j][i].t);
+            tensors_free(&serial->job[j].t[i]);
+            tensors_free(&together->job[j].t[i]);
         }
     free(serial);
     free(together);

@@ -7,7 +7,6 @@
  * arithmetic written out here; bad arguments and ranks that disagree.
  */
 #include <math.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,43 +20,19 @@
 #include "core/context.h"
 #include "fakedev.h"
 #include "testutil.h"
+#include "world.h"
 
 #define MAX_RANKS 8
 
 /* ---- one thread per rank ------------------------------------------------- */
 
-typedef void (*rank_fn)(int rank, cp_comm *c, void *arg);
-
-typedef struct job {
-    rank_fn fn;
-    int rank;
-    cp_comm *c;
-    void *arg;
-} job;
-
-static void *job_main(void *p)
-{
-    job *j = p;
-    j->fn(j->rank, j->c, j->arg);
-    return NULL;
-}
-
 /* A fresh world of n ranks; fn runs on each rank's thread. Threads only
  * record what they see; the main thread asserts. */
-static void run_world(int n, rank_fn fn, void *arg)
+static void run_world(int n, world_main fn, void *arg)
 {
-    cp_comm *comms[MAX_RANKS];
-    pthread_t t[MAX_RANKS];
-    job jobs[MAX_RANKS];
-    assert_int_equal(cp_comm_create_local(n, comms), CP_SUCCESS);
-    for (int i = 0; i < n; i++) {
-        jobs[i] = (job){ fn, i, comms[i], arg };
-        assert_int_equal(pthread_create(&t[i], NULL, job_main, &jobs[i]), 0);
-    }
-    for (int i = 0; i < n; i++)
-        pthread_join(t[i], NULL);
-    for (int i = 0; i < n; i++)
-        cp_comm_destroy(comms[i]);
+    world w;
+    if (world_run(&w, n, NULL, fn, arg) != CP_SUCCESS)
+        fail_msg("%s", w.error);
 }
 
 /* What a rank saw: status and message of its call. */
@@ -169,16 +144,17 @@ typedef struct loss_case {
     seen r[MAX_RANKS];
 } loss_case;
 
-static void loss_rank(int rank, cp_comm *world, void *arg)
+static void loss_rank(world_rank *wr, void *arg)
 {
+    const int rank = wr->rank;
     loss_case *c = arg;
-    cp_comm *comm = world, *split = NULL;
+    cp_comm *comm = wr->comm, *split = NULL;
     cp_context *ctx = NULL;
     c->group[rank] = 0;
     if (c->axes) {
         int color, key;
         if (cp_topology_color(c->t, rank, c->axes, &color, &key) != CP_SUCCESS ||
-            cp_comm_split(world, color, key, &split) != CP_SUCCESS) {
+            cp_comm_split(wr->comm, color, key, &split) != CP_SUCCESS) {
             see(&c->r[rank], CP_ERROR_INTERNAL);
             return;
         }
@@ -325,16 +301,17 @@ typedef struct grad_case {
     seen r[MAX_RANKS];
 } grad_case;
 
-static void grad_rank(int rank, cp_comm *world, void *arg)
+static void grad_rank(world_rank *wr, void *arg)
 {
+    const int rank = wr->rank;
     grad_case *c = arg;
-    cp_comm *comm = world, *split = NULL;
+    cp_comm *comm = wr->comm, *split = NULL;
     cp_context *ctx = NULL;
     c->group[rank] = 0;
     if (c->axes) {
         int color, key;
         if (cp_topology_color(c->t, rank, c->axes, &color, &key) != CP_SUCCESS ||
-            cp_comm_split(world, color, key, &split) != CP_SUCCESS) {
+            cp_comm_split(wr->comm, color, key, &split) != CP_SUCCESS) {
             see(&c->r[rank], CP_ERROR_INTERNAL);
             return;
         }
@@ -563,10 +540,10 @@ static void test_grad_all_reduce_bad_arguments(void **state)
 
 /* ---- cp_seq_local_len, cp_stage_shape ------------------------------------ */
 
-static cp_topology *topo(int world, int tp, int cp, int pp)
+static cp_topology *topo(int world_size, int tp, int cp, int pp)
 {
     cp_topology_config tc = CP_TOPOLOGY_CONFIG_INIT;
-    tc.world_size = world;
+    tc.world_size = world_size;
     tc.tp = tp;
     tc.cp = cp;
     tc.pp = pp;

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: MIT */
+/* Exact storage-type conversions and a small generator (see storage.h). */
+#include <math.h>
+
+#include "storage.h"
+
+size_t ref_dtype_size(cp_dtype t)
+{
+    return t == CP_DTYPE_F64 ? 8 : t == CP_DTYPE_F32 ? 4 : 2;
+}
+
+/* Format of a binary floating-point type: significand bits (with the hidden
+ * one) and the minimum normal exponent, in frexp's convention (x = m 2^e with
+ * 0.5 <= |m| < 1). */
+static void format_of(cp_dtype t, int *bits, int *emin, int *emax)
+{
+    switch (t) {
+    case CP_DTYPE_F16: *bits = 11, *emin = -13, *emax = 16; break;
+    case CP_DTYPE_BF16: *bits = 8, *emin = -125, *emax = 128; break;
+    case CP_DTYPE_F32: *bits = 24, *emin = -125, *emax = 128; break;
+    default: *bits = 53, *emin = -1021, *emax = 1024; break;
+    }
+}
+
+double ref_round(double x, cp_dtype t)
+{
+    if (t == CP_DTYPE_F64 || x == 0 || !isfinite(x))
+        return x;
+    int bits, emin, emax, e;
+    format_of(t, &bits, &emin, &emax);
+    frexp(x, &e);
+    if (e < emin)
+        e = emin; /* subnormal: the quantum stops shrinking */
+    /* x / 2^(e - bits) rounded to an integer (nearbyint: ties to even) */
+    double r = ldexp(nearbyint(ldexp(x, bits - e)), e - bits);
+    if (fabs(r) >= ldexp(1.0, emax))
+        return x > 0 ? INFINITY : -INFINITY;
+    return r;
+}
+
+/* Bits of a value representable in a 16-bit type: 1 sign, `ebits` exponent
+ * (bias 2^(ebits-1) - 1), the rest fraction. */
+static uint16_t encode16(double x, int ebits)
+{
+    int fbits = 15 - ebits, bias = (1 << (ebits - 1)) - 1;
+    uint16_t sign = signbit(x) ? 0x8000u : 0;
+    x = fabs(x);
+    if (isinf(x))
+        return sign | (uint16_t)(((1u << ebits) - 1) << fbits);
+    if (x == 0)
+        return sign;
+    int e;
+    double m = frexp(x, &e); /* x = m 2^e, m in [0.5, 1) */
+    int biased = e - 1 + bias;
+    if (biased <= 0) /* subnormal: x = f 2^(1 - bias - fbits) */
+        return sign | (uint16_t)ldexp(x, bias - 1 + fbits);
+    uint16_t frac = (uint16_t)(ldexp(m, fbits + 1) - ldexp(1.0, fbits));
+    return sign | (uint16_t)(biased << fbits) | frac;
+}
+
+static double decode16(uint16_t h, int ebits)
+{
+    int fbits = 15 - ebits, bias = (1 << (ebits - 1)) - 1;
+    int emask = (1 << ebits) - 1;
+    double sign = h & 0x8000u ? -1.0 : 1.0;
+    int e = (h >> fbits) & emask;
+    unsigned f = h & ((1u << fbits) - 1);
+    if (e == emask)
+        return f ? NAN : sign * INFINITY;
+    if (e == 0)
+        return sign * ldexp((double)f, 1 - bias - fbits);
+    return sign * ldexp(1.0 + ldexp((double)f, -fbits), e - bias);
+}
+
+void ref_store(void *buf, cp_dtype t, size_t i, double x)
+{
+    switch (t) {
+    case CP_DTYPE_F32: ((float *)buf)[i] = (float)x; break;
+    case CP_DTYPE_F64: ((double *)buf)[i] = x; break;
+    case CP_DTYPE_F16: ((uint16_t *)buf)[i] = encode16(x, 5); break;
+    case CP_DTYPE_BF16: ((uint16_t *)buf)[i] = encode16(x, 8); break;
+    }
+}
+
+double ref_load(const void *buf, cp_dtype t, size_t i)
+{
+    switch (t) {
+    case CP_DTYPE_F32: return ((const float *)buf)[i];
+    case CP_DTYPE_F64: return ((const double *)buf)[i];
+    case CP_DTYPE_F16: return decode16(((const uint16_t *)buf)[i], 5);
+    case CP_DTYPE_BF16: return decode16(((const uint16_t *)buf)[i], 8);
+    }
+    return NAN;
+}
+
+uint64_t ref_rng_next(ref_rng *r)
+{
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return r->s * 0x2545F4914F6CDD1DULL;
+}
+
+double ref_rng_uniform(ref_rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * (double)(ref_rng_next(r) >> 11) * 0x1p-53;
+}
+
+int64_t ref_rng_int(ref_rng *r, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)(ref_rng_next(r) % (uint64_t)(hi - lo + 1));
+}

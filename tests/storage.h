@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Storage types modelled exactly, for the kernel suites: rounding a double
+ * to F32 / F16 / BF16 in one step, their bit patterns written from the IEEE
+ * formats (not by the compiler's conversions), and a small deterministic
+ * generator for reproducible inputs. The attention itself is attn_model.h's.
+ */
+#ifndef INFINICP_TESTS_STORAGE_H
+#define INFINICP_TESTS_STORAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <infinicp/infinicp.h>
+
+/* Round x to the nearest value of type t (ties to even), as a double.
+ * F32 / F16 / BF16 / F64; F16 and BF16 saturate to +-inf on overflow. */
+double ref_round(double x, cp_dtype t);
+
+/* Store x (already representable in t) into element i of buf; read it back. */
+void ref_store(void *buf, cp_dtype t, size_t i, double x);
+double ref_load(const void *buf, cp_dtype t, size_t i);
+
+size_t ref_dtype_size(cp_dtype t);
+
+/* A small deterministic generator (xorshift64*) for reproducible inputs. */
+typedef struct {
+    uint64_t s;
+} ref_rng;
+uint64_t ref_rng_next(ref_rng *r);
+double ref_rng_uniform(ref_rng *r, double lo, double hi); /* [lo, hi) */
+int64_t ref_rng_int(ref_rng *r, int64_t lo, int64_t hi);  /* [lo, hi] */
+
+#endif
