@@ -7,21 +7,40 @@
 # pages, purge; scripts/packages.sh). Exits non-zero if anything failed; the
 # fuzz and package steps write one PASS/FAIL/SKIP line per check into
 # build-fuzz/results.txt and build-packages/results.txt.
+#
+# --quick: the normal build and its CMocka suites only (no valgrind,
+# sanitizers, fuzzers or packages), for the edit-and-test loop.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+quick=0
+case "${1:-}" in
+"") ;;
+--quick) quick=1 ;;
+*) echo "usage: sh scripts/test.sh [--quick]" >&2; exit 2 ;;
+esac
 sh scripts/deps.sh || exit 1
 status=0
+
+# What an earlier run left must not count as this run's (.ci/run counts
+# these files): a step that stops before it writes its own leaves none.
+rm -f build-fuzz/results.txt build-packages/results.txt \
+    build/meson-logs/testlog*.json build-asan/meson-logs/testlog*.json
 
 run_suite() { # build-dir, meson setup options...
     dir=$1
     shift
-    echo "== $dir: meson setup $*"
-    [ -d "$dir" ] || meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+    # An existing build folder is configured again, so that the options
+    # here (and changes to meson_options.txt) reach it.
+    reconfigure=""
+    [ -f "$dir/meson-private/coredata.dat" ] && reconfigure=--reconfigure
+    echo "== $dir: meson setup $reconfigure $*"
+    meson setup $reconfigure "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
     meson compile -C "$dir" || return 1
     meson test -C "$dir" --print-errorlogs --num-processes 2 || return 1
 }
 
 run_suite build || status=1
+[ $quick = 1 ] && exit $status
 # Zero leaks and no uninitialised reads (tests/valgrind.supp: third-party noise only).
 # Not the GPU suites: the CUDA runtime itself is not clean under memcheck (it
 # reports its own driver probing even with no GPU); GPU memory is checked with
