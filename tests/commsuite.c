@@ -609,7 +609,7 @@ static unsigned char token_byte(int64_t b, int64_t pos, size_t k)
     return (unsigned char)(b * 131 + pos * 7 + (int64_t)k * 31 + 1);
 }
 
-/* Global position of local token t of rank r: the layouts of DESIGN.md,
+/* Global position of local token t of rank r: the layouts of docs/ARCHITECTURE.md,
  * written out independently of the library's span code. */
 static int64_t global_pos(cp_layout l, int P, int r, int64_t S, int64_t t)
 {

@@ -44,7 +44,7 @@ void cpref_store(void *dst, cp_dtype t, const double *src, size_t n);
 void cpref_load(double *dst, const void *src, cp_dtype t, size_t n);
 
 /* The global positions held by cp rank r, in local order (layout model of
- * DESIGN.md section 3). Returns the count (S / P). */
+ * docs/ARCHITECTURE.md, Sequence layouts). Returns the count (S / P). */
 int64_t cpref_positions(cp_layout l, int P, int r, int64_t S, int64_t *pos);
 
 /* Copy the rows of rank r's tokens between a global [B, S, heads, dim]

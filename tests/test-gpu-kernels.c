@@ -708,7 +708,7 @@ static void test_merge_matches_formula(void **unused)
         l1[i] = i % 5 == 0 ? -INFINITY : (float)(3 * uniform());
         l2[i] = i % 7 == 0 ? -INFINITY : (float)(3 * uniform());
     }
-    /* DESIGN.md: lse = max + log(sum exp), o = sum exp(lse_i - lse) o_i; an
+    /* docs/ARCHITECTURE.md, Merge: lse = max + log(sum exp), o = sum exp(lse_i - lse) o_i; an
      * empty partial (-inf) contributes nothing */
     for (int b = 0; b < B; b++)
         for (int s = 0; s < S; s++)

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Sequence layouts against a model written here from DESIGN.md's words:
- * "contiguous: rank r holds [r*S/P, (r+1)*S/P)"; "zigzag: cut S into 2P
- * chunks; rank r holds chunk r and chunk 2P-1-r". The model answers "who
+ * Sequence layouts against a model written here from the words of
+ * docs/ARCHITECTURE.md, Sequence layouts: "contiguous: rank r holds
+ * [r*S/P, (r+1)*S/P)"; "zigzag: cut S into 2P chunks; rank r holds chunk r
+ * and chunk 2P-1-r". The model answers "who
  * owns global position p"; the library answers "which positions does rank
  * r hold" - the two must be inverse to each other.
  */

@@ -410,8 +410,8 @@ static void free_results(demo_data *d)
 /* The least device memory one p2p rank can hold at the peak (the backward):
  * its shards of q, k, v, out, lse, dout, dq, dk, dv, and - with more than one
  * rank - double buffers for the K, V that circulate (storage type) and for
- * the dK, dV accumulators that travel with them (fp32, as DESIGN.md's
- * numerics require). Anything else is overhead. */
+ * the dK, dV accumulators that travel with them (fp32, as the numerics of
+ * docs/ARCHITECTURE.md require). Anything else is overhead. */
 static double p2p_min_bytes(const bench_opts *c, int P)
 {
     const double n = (double)c->batch * (double)(c->seq / P), es = (double)dtype_bytes(c->dtype);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* A rank's share of the sequence as a short list of spans of global
- * positions (DESIGN.md section 3): one span for contiguous, two for zigzag. */
+ * positions (docs/ARCHITECTURE.md, Sequence layouts): one span for
+ * contiguous, two for zigzag. */
 #ifndef INFINICP_SPANS_H
 #define INFINICP_SPANS_H
 
