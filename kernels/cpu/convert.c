@@ -5,8 +5,8 @@
  * the sum in fp32, round once to nearest even), in blocks spread over the
  * context's threads; F64 and the MAX reduction take the scalar path.
  */
+#include "core/half.h"
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/half.h"
 
 /* Elements per block of the vector path, and per thread at least. */
 #define BLOCK 2048

@@ -59,7 +59,7 @@ static inline void vstore_f16(uint16_t *p, vf x)
     _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 #else
-#include "kernels/cpu/half.h"
+#include "core/half.h"
 #define VL 4
 typedef float vf __attribute__((vector_size(16)));
 typedef int32_t vi __attribute__((vector_size(16)));

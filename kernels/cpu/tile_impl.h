@@ -10,9 +10,9 @@
  *                   accumulators plus MK_VECS B vectors and one broadcast
  *                   must fit the register file.
  */
+#include "core/half.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/tile.h"
-#include "kernels/cpu/half.h"
 
 #if CPI_TILE_PAD % VL != 0
 #error "the tile padding must be a whole number of vectors"

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/context.h"
+#include "backend/backend.h"
 #include "kernels/cpu/cpu.h"
 
 static cp_status cpu_open(int device_index, void *stream, int num_threads, void **state)

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* Finding and opening modules: $INFINICP_MODULE_PATH (a colon-separated list
- * of folders) first, then the installed module folder. */
+/* Modules: finding and opening them - $INFINICP_MODULE_PATH (a
+ * colon-separated list of folders) first, then the installed module folder -
+ * and the host table the core hands each of them. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "backend/backend.h"
+#include "comm/comm.h"
 
 #ifndef CP_MODULE_DIR
 #error "the build defines CP_MODULE_DIR"
@@ -57,3 +59,17 @@ cp_status cpi_module_symbol(const char *file, const char *symbol, void **fn)
     *fn = f;
     return CP_SUCCESS;
 }
+
+/* Messages of modules (which do not link the core) land in the caller's
+ * cp_last_error(), like the core's own. */
+static cp_status module_set_error(cp_status s, const char *message)
+{
+    return cpi_error(s, "%s", message ? message : "(no message)");
+}
+
+const cp_module_host cpi_module_host = {
+    .abi_version = CP_MODULE_ABI_VERSION,
+    .struct_size = sizeof(cp_module_host),
+    .set_error = module_set_error,
+    .comm_wrap = cpi_comm_wrap,
+};

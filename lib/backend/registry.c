@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/context.h"
+#include "backend/backend.h"
 
 static const char *module_file(cp_device d)
 {

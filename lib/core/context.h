@@ -2,6 +2,7 @@
 #ifndef INFINICP_CONTEXT_H
 #define INFINICP_CONTEXT_H
 
+#include "backend/backend.h" /* a context is a backend's state: its users reach the tables here */
 #include "core/internal.h"
 
 struct cp_context {
@@ -13,10 +14,6 @@ struct cp_context {
     const cp_backend_ops *ops; /* never NULL */
     void *state;               /* the backend's */
 };
-
-/* Backend tables. */
-const cp_backend_ops *cpi_cpu_backend(void);
-cp_status cpi_backend_for(cp_device device, const cp_backend_ops **ops);
 
 /* Convenience: the cp_xfer describing buffers on this context. */
 static inline cp_xfer cpi_xfer(const cp_context *ctx, int timeout_ms)

@@ -18,11 +18,6 @@ cp_status cpi_error(cp_status s, const char *fmt, ...)
     return s;
 }
 
-static cp_status module_set_error(cp_status s, const char *message)
-{
-    return cpi_error(s, "%s", message ? message : "(no message)");
-}
-
 CP_EXPORT const char *cp_last_error(void)
 {
     return last_error;
@@ -32,9 +27,3 @@ CP_EXPORT const char *cp_status_string(cp_status s)
 {
     return cpi_status_text(s);
 }
-
-cp_status cpi_comm_wrap(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out);
-
-const cp_module_host cpi_module_host = {
-    CP_MODULE_ABI_VERSION, sizeof(cp_module_host), module_set_error, cpi_comm_wrap,
-};

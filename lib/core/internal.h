@@ -74,11 +74,4 @@ const char *cpi_dtype_name(cp_dtype t);
 /* Allocation helpers (host memory) that record CP_ERROR_OUT_OF_MEMORY. */
 void *cpi_calloc(size_t n, size_t size);
 
-/* The host side of the module ABI, handed to every module. */
-extern const cp_module_host cpi_module_host;
-
-/* Modules: look up `symbol` in `file` under INFINICP_MODULE_PATH or the
- * installed module directory; the handle stays loaded for the process. */
-cp_status cpi_module_symbol(const char *file, const char *symbol, void **fn);
-
 #endif

@@ -28,8 +28,8 @@
 #include <time.h>
 
 #include "comm/call.h"
+#include "core/half.h"
 #include "core/status.h"
-#include "kernels/cpu/half.h"
 
 #define MODULE_EXPORT __attribute__((visibility("default")))
 

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* bf16 / f16 <-> f32 conversions, round to nearest even, NaN kept. */
-#ifndef INFINICP_CPU_HALF_H
-#define INFINICP_CPU_HALF_H
+/* bf16 / f16 <-> f32 conversions, round to nearest even, NaN kept. Static
+ * inline in a header, because the CPU kernels and the MPI transport module
+ * (which does not link the core) both convert element by element. */
+#ifndef INFINICP_HALF_H
+#define INFINICP_HALF_H
 
 #include <stdint.h>
 #include <string.h>
