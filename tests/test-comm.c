@@ -2,7 +2,9 @@
 /* Communicators on the in-process transport: every collective for worlds of
  * 1..8 ranks and split sub-communicators, on host memory and on a pretend
  * device; timeouts, disagreement, peers that leave; CP groups; layout
- * gather; bad arguments. Each rank runs on its own thread. */
+ * gather; bad arguments; how the core takes a transport table (required and
+ * optional slots) and loads the MPI module. Each rank runs on its own
+ * thread. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -229,6 +231,350 @@ static void test_all_to_all_2d(void **state)
                  CP_ERROR_INVALID_ARGUMENT, "overlap");
     for (int i = 0; i < 2; i++)
         cp_comm_destroy(comms[i]);
+}
+
+/* ---- the optional all_to_all_2d slot and required slots ------------------- */
+
+/*
+ * A transport of the module ABI's kind (no capabilities beyond its table)
+ * that relays every call to a local communicator and counts the exchanges.
+ * Its table is one of three: the current one, which has all_to_all_2d; one
+ * of the size modules had before that slot (ending with wait), allocated
+ * to exactly that size, so that a read of the slot is a read past the
+ * table; and the first published one (ending with destroy).
+ */
+typedef struct relay_count {
+    atomic_int all_to_all, all_to_all_2d;
+} relay_count;
+
+typedef struct relay {
+    cp_comm *inner; /* owned */
+    relay_count *count;
+} relay;
+
+static cp_status relay_all_gather(void *impl, const cp_xfer *x, const void *send, void *recv, size_t bytes)
+{
+    const relay *r = impl;
+    return r->inner->ops->all_gather(r->inner->impl, x, send, recv, bytes);
+}
+
+static cp_status relay_reduce_scatter(void *impl, const cp_xfer *x, const void *send, void *recv, size_t count,
+                                      cp_dtype dtype, cp_reduce_op op)
+{
+    const relay *r = impl;
+    return r->inner->ops->reduce_scatter(r->inner->impl, x, send, recv, count, dtype, op);
+}
+
+static cp_status relay_all_to_all(void *impl, const cp_xfer *x, const void *send, void *recv, size_t bytes)
+{
+    const relay *r = impl;
+    atomic_fetch_add(&r->count->all_to_all, 1);
+    return r->inner->ops->all_to_all(r->inner->impl, x, send, recv, bytes);
+}
+
+static cp_status relay_sendrecv(void *impl, const cp_xfer *x, const void *send, size_t send_bytes, int dst,
+                                void *recv, size_t recv_bytes, int src)
+{
+    const relay *r = impl;
+    return r->inner->ops->sendrecv(r->inner->impl, x, send, send_bytes, dst, recv, recv_bytes, src);
+}
+
+static cp_status relay_all_reduce(void *impl, const cp_xfer *x, const void *send, void *recv, size_t count,
+                                  cp_dtype dtype, cp_reduce_op op)
+{
+    const relay *r = impl;
+    return r->inner->ops->all_reduce(r->inner->impl, x, send, recv, count, dtype, op);
+}
+
+static cp_status relay_barrier(void *impl, const cp_xfer *x)
+{
+    const relay *r = impl;
+    return r->inner->ops->barrier(r->inner->impl, x);
+}
+
+static cp_status relay_split(void *impl, int color, int key, int timeout_ms, void **out_impl, int *out_rank,
+                             int *out_size)
+{
+    const relay *r = impl;
+    cp_comm *child = NULL;
+    CPI_TRY(cpi_comm_split(r->inner, color, key, timeout_ms, &child));
+    if (!child)
+        return CP_SUCCESS;
+    relay *k = calloc(1, sizeof *k);
+    if (!k) {
+        cp_comm_destroy(child);
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "relay: out of memory");
+    }
+    k->inner = child;
+    k->count = r->count;
+    *out_impl = k;
+    *out_rank = child->rank;
+    *out_size = child->size;
+    return CP_SUCCESS;
+}
+
+static void relay_destroy(void *impl)
+{
+    relay *r = impl;
+    cp_comm_destroy(r->inner);
+    free(r);
+}
+
+static cp_status relay_all_to_all_2d(void *impl, const cp_xfer *x, const void *send, ptrdiff_t send_step,
+                                     size_t send_pitch, void *recv, ptrdiff_t recv_step, size_t recv_pitch,
+                                     size_t width, size_t rows)
+{
+    const relay *r = impl;
+    atomic_fetch_add(&r->count->all_to_all_2d, 1);
+    return r->inner->ops->all_to_all_2d(r->inner->impl, x, send, send_step, send_pitch, recv, recv_step,
+                                        recv_pitch, width, rows);
+}
+
+static const cp_transport_ops relay_ops = {
+    .abi_version = CP_MODULE_ABI_VERSION,
+    .struct_size = sizeof(cp_transport_ops),
+    .name = "relay",
+    .all_gather = relay_all_gather,
+    .reduce_scatter = relay_reduce_scatter,
+    .all_to_all = relay_all_to_all,
+    .sendrecv = relay_sendrecv,
+    .all_reduce = relay_all_reduce,
+    .barrier = relay_barrier,
+    .split = relay_split,
+    .destroy = relay_destroy,
+    .all_to_all_2d = relay_all_to_all_2d,
+};
+
+/* Sizes of older tables: before all_to_all_2d, and the first one. */
+#define RELAY_BEFORE_2D offsetof(cp_transport_ops, all_to_all_2d)
+#define RELAY_V1 (offsetof(cp_transport_ops, destroy) + sizeof relay_ops.destroy)
+
+/* relay_ops as a module of `size` bytes filled it, in exactly that much
+ * memory (every slot the size covers set, all_to_all_2d included). */
+static cp_transport_ops *relay_table(size_t size)
+{
+    unsigned char *t = malloc(size);
+    assert_non_null(t);
+    memcpy(t, &relay_ops, size);
+    memcpy(t + offsetof(cp_transport_ops, struct_size), &size, sizeof size);
+    return (cp_transport_ops *)t;
+}
+
+/* Replace each of the n comms of a local world by a relay over it, through
+ * the module host, as a module would wrap its instances. */
+static void relay_wrap(int n, cp_comm **comms, const cp_transport_ops *table, relay_count *count)
+{
+    for (int i = 0; i < n; i++) {
+        relay *r = calloc(1, sizeof *r);
+        assert_non_null(r);
+        r->inner = comms[i];
+        r->count = count;
+        assert_int_equal(cpi_module_host.comm_wrap(table, r, i, n, &comms[i]), CP_SUCCESS);
+    }
+}
+
+static void test_all_to_all_2d_slot(void **state)
+{
+    /* the current table: the strided exchange goes through the slot */
+    for (int n = 1; n <= 4; n += 3) {
+        relay_count count = { 0, 0 };
+        cp_comm *comms[MAX_RANKS];
+        assert_int_equal(cp_comm_create_local(n, comms), CP_SUCCESS);
+        relay_wrap(n, comms, &relay_ops, &count);
+        assert_true(cpi_comm_has_all_to_all_2d(comms[0]));
+        a2a2d_arg a = { 0, 0 };
+        run_on(n, comms, a2a2d_rank, &a);
+        if (atomic_load(&a.wrong))
+            fail_msg("all_to_all_2d through a relay of %d ranks: wrong results (see above)", n);
+        assert_int_equal(atomic_load(&count.all_to_all_2d), n);
+        for (int i = 0; i < n; i++)
+            cp_comm_destroy(comms[i]);
+    }
+
+    /* older tables are accepted, and have no slot even where memory past
+     * them would hold a pointer: callers pack for all_to_all instead */
+    const size_t sizes[] = { RELAY_BEFORE_2D, RELAY_V1 };
+    for (int i = 0; i < 2; i++) {
+        cp_transport_ops *old = relay_table(sizes[i]);
+        relay_count count = { 0, 0 };
+        cp_comm *comms[1];
+        assert_int_equal(cp_comm_create_local(1, comms), CP_SUCCESS);
+        relay_wrap(1, comms, old, &count);
+        assert_false(cpi_comm_has_all_to_all_2d(comms[0]));
+        cp_xfer x = { NULL, NULL, LONG_TIMEOUT_MS };
+        unsigned char buf[64];
+        EXPECT_ERROR(cpi_all_to_all_2d(comms[0], &x, buf, 8, 8, buf + 32, 8, 8, 4, 1), CP_ERROR_UNSUPPORTED,
+                     "transport relay does not read strided blocks in place");
+        assert_int_equal(cpi_all_to_all(comms[0], &x, buf, buf + 32, 4), CP_SUCCESS);
+        assert_int_equal(cpi_comm_wait(comms[0], &x), CP_SUCCESS); /* no wait slot: nothing to wait for */
+        assert_int_equal(atomic_load(&count.all_to_all_2d), 0);
+        assert_int_equal(atomic_load(&count.all_to_all), 1);
+        cp_comm_destroy(comms[0]);
+        free(old);
+    }
+}
+
+/* Ulysses attention, forward and backward, on 2 ranks of a world whose
+ * comms are wrapped by `table` (NULL: the local transport itself). Results
+ * land in res[rank], the exchanges in count. */
+#define UA_P 2
+#define UA_S 16
+#define UA_H 4
+#define UA_HKV 2
+#define UA_D 8
+#define UA_TOK (UA_S / UA_P)
+
+typedef struct ulysses_rank_result {
+    float q[UA_TOK * UA_H * UA_D], k[UA_TOK * UA_HKV * UA_D], v[UA_TOK * UA_HKV * UA_D];
+    float dout[UA_TOK * UA_H * UA_D];
+    float out[UA_TOK * UA_H * UA_D], lse[UA_H * UA_TOK];
+    float dq[UA_TOK * UA_H * UA_D], dk[UA_TOK * UA_HKV * UA_D], dv[UA_TOK * UA_HKV * UA_D];
+    cp_status status;
+    char message[256];
+} ulysses_rank_result;
+
+static void ulysses_fill(float *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        p[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+    }
+}
+
+static void ulysses_rank(int rank, int size, cp_comm *c, void *p)
+{
+    ulysses_rank_result *r = &((ulysses_rank_result *)p)[rank];
+    ulysses_fill(r->q, sizeof r->q / sizeof *r->q, 11u + (unsigned)rank);
+    ulysses_fill(r->k, sizeof r->k / sizeof *r->k, 23u + (unsigned)rank);
+    ulysses_fill(r->v, sizeof r->v / sizeof *r->v, 37u + (unsigned)rank);
+    ulysses_fill(r->dout, sizeof r->dout / sizeof *r->dout, 41u + (unsigned)rank);
+    cp_context *ctx = NULL;
+    cp_group *g = NULL;
+    cp_attn_plan *plan = NULL;
+    cp_attn_desc d = CP_ATTN_DESC_INIT;
+    d.batch = 1;
+    d.seq_len = UA_S;
+    d.num_heads = UA_H;
+    d.num_kv_heads = UA_HKV;
+    d.head_dim = UA_D;
+    d.mode = CP_MODE_A2A;
+    cp_status s = cp_context_create(NULL, &ctx);
+    if (s == CP_SUCCESS)
+        s = cp_group_create(ctx, c, NULL, &g);
+    if (s == CP_SUCCESS)
+        s = cp_attn_plan_create(g, &d, &plan);
+    if (s == CP_SUCCESS)
+        s = cp_attn_forward(plan, r->q, r->k, r->v, r->out, r->lse, NULL, 0);
+    if (s == CP_SUCCESS)
+        s = cp_attn_backward(plan, r->q, r->k, r->v, r->out, r->lse, r->dout, r->dq, r->dk, r->dv, NULL, 0);
+    r->status = s;
+    snprintf(r->message, sizeof r->message, "%s", s == CP_SUCCESS ? "" : cp_last_error());
+    cp_attn_plan_destroy(plan);
+    cp_group_destroy(g);
+    cp_context_destroy(ctx);
+}
+
+static void run_ulysses(const cp_transport_ops *table, relay_count *count, ulysses_rank_result *res)
+{
+    cp_comm *comms[UA_P];
+    assert_int_equal(cp_comm_create_local(UA_P, comms), CP_SUCCESS);
+    if (table)
+        relay_wrap(UA_P, comms, table, count);
+    memset(res, 0, UA_P * sizeof *res);
+    run_on(UA_P, comms, ulysses_rank, res);
+    for (int i = 0; i < UA_P; i++) {
+        if (res[i].status != CP_SUCCESS)
+            fail_msg("rank %d on %s: %s", i, table ? table->name : "local", res[i].message);
+        cp_comm_destroy(comms[i]);
+    }
+}
+
+/* The a2a mode exchanges strided blocks in place where the comm's transport
+ * has the slot, and packs them where it does not, with the same results. */
+static void test_a2a_mode_direct_or_packed(void **state)
+{
+    static ulysses_rank_result local[UA_P], direct[UA_P], packed[UA_P];
+    relay_count with = { 0, 0 }, without = { 0, 0 };
+    cp_transport_ops *old = relay_table(RELAY_BEFORE_2D);
+    run_ulysses(NULL, NULL, local);
+    run_ulysses(&relay_ops, &with, direct);
+    run_ulysses(old, &without, packed);
+    free(old);
+    assert_true(atomic_load(&with.all_to_all_2d) > 0);
+    assert_int_equal(atomic_load(&without.all_to_all_2d), 0);
+    assert_true(atomic_load(&without.all_to_all) > atomic_load(&with.all_to_all));
+    for (int i = 0; i < UA_P; i++) {
+        assert_memory_equal(direct[i].out, local[i].out, sizeof local[i].out);
+        assert_memory_equal(packed[i].out, local[i].out, sizeof local[i].out);
+        assert_memory_equal(direct[i].lse, local[i].lse, sizeof local[i].lse);
+        assert_memory_equal(packed[i].lse, local[i].lse, sizeof local[i].lse);
+        assert_memory_equal(direct[i].dq, local[i].dq, sizeof local[i].dq);
+        assert_memory_equal(packed[i].dq, local[i].dq, sizeof local[i].dq);
+        assert_memory_equal(direct[i].dk, local[i].dk, sizeof local[i].dk);
+        assert_memory_equal(packed[i].dk, local[i].dk, sizeof local[i].dk);
+        assert_memory_equal(direct[i].dv, local[i].dv, sizeof local[i].dv);
+        assert_memory_equal(packed[i].dv, local[i].dv, sizeof local[i].dv);
+    }
+}
+
+/* A table with a required slot NULL is refused at wrap, naming the slot;
+ * before, it was accepted and crashed the first call of that slot. */
+static void test_required_slots(void **state)
+{
+    static const char *const required[] = { "all_gather", "all_reduce", "all_to_all", "barrier",
+                                             "destroy",    "reduce_scatter", "sendrecv",  "split" };
+    for (size_t i = 0; i < sizeof required / sizeof *required; i++) {
+        cp_transport_ops t = relay_ops;
+#define NULL_SLOT(slot)                                                                                    \
+    if (!strcmp(required[i], #slot))                                                                       \
+        t.slot = NULL;
+        NULL_SLOT(all_gather) NULL_SLOT(all_reduce) NULL_SLOT(all_to_all) NULL_SLOT(barrier)
+        NULL_SLOT(destroy) NULL_SLOT(reduce_scatter) NULL_SLOT(sendrecv) NULL_SLOT(split)
+#undef NULL_SLOT
+        char needle[64];
+        snprintf(needle, sizeof needle, "NULL: %s (", required[i]);
+        int impl = 0;
+        cp_comm *out = (cp_comm *)&impl;
+        EXPECT_ERROR(cpi_module_host.comm_wrap(&t, &impl, 0, 1, &out), CP_ERROR_UNSUPPORTED, needle);
+        assert_non_null(strstr(cp_last_error(), "\"relay\""));
+        assert_null(out);
+    }
+    /* several at once are named together; optional slots may be NULL */
+    cp_transport_ops t = relay_ops;
+    t.sendrecv = NULL;
+    t.split = NULL;
+    int impl = 0;
+    cp_comm *out;
+    EXPECT_ERROR(cpi_module_host.comm_wrap(&t, &impl, 0, 1, &out), CP_ERROR_UNSUPPORTED, "NULL: sendrecv, split (");
+    t = relay_ops;
+    t.wait = NULL;
+    t.all_to_all_2d = NULL;
+    assert_int_equal(cpi_module_host.comm_wrap(&t, &impl, 0, 1, &out), CP_SUCCESS);
+    free(out); /* impl is not a relay: do not destroy it through the table */
+}
+
+/* A failed load of the MPI transport module is not remembered: after
+ * INFINICP_MODULE_PATH changes, cp_comm_create_mpi searches again and
+ * reports the path it has now. */
+static void test_mpi_module_load_is_tried_again(void **state)
+{
+    const char *folders[] = { "/nonexistent-infinicp-modules-a", "/nonexistent-infinicp-modules-b" };
+    int fake_mpi_comm = 0;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(setenv("INFINICP_MODULE_PATH", folders[i], 1), 0);
+        cp_comm *out = (cp_comm *)&fake_mpi_comm;
+        cp_status s = cp_comm_create_mpi(&fake_mpi_comm, &out);
+        assert_null(out);
+        if (i == 0 && s != CP_ERROR_NOT_FOUND) {
+            /* an installed module answered (and refused the fake handle) */
+            assert_int_equal(unsetenv("INFINICP_MODULE_PATH"), 0);
+            skip();
+        }
+        assert_int_equal(s, CP_ERROR_NOT_FOUND);
+        assert_non_null(strstr(cp_last_error(), folders[i]));
+        assert_non_null(strstr(cp_last_error(), "transport-mpi.so"));
+    }
+    assert_int_equal(unsetenv("INFINICP_MODULE_PATH"), 0);
 }
 
 /* ---- barrier ------------------------------------------------------------- */
@@ -659,6 +1005,10 @@ int main(void)
         cmocka_unit_test(test_collectives_device),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_all_to_all_2d),
+        cmocka_unit_test(test_all_to_all_2d_slot),
+        cmocka_unit_test(test_a2a_mode_direct_or_packed),
+        cmocka_unit_test(test_required_slots),
+        cmocka_unit_test(test_mpi_module_load_is_tried_again),
         cmocka_unit_test(test_barrier_waits_for_all),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_group_timeout),

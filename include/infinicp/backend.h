@@ -161,6 +161,11 @@ typedef struct cp_xfer {
  * A communication transport. Collectives are blocking for the calling rank
  * (on device backends: ordered on the stream of @c x->backend_state) and must
  * be called by every rank of the communicator in the same order.
+ *
+ * Every function slot up to and including @c destroy is required: the core
+ * refuses a table that leaves one of them NULL (::cp_module_host.comm_wrap
+ * returns #CP_ERROR_UNSUPPORTED naming the slot). The slots after
+ * @c destroy are optional and may be NULL.
  */
 typedef struct cp_transport_ops {
     uint32_t abi_version; /**< #CP_MODULE_ABI_VERSION */
@@ -206,6 +211,23 @@ typedef struct cp_transport_ops {
      * or ordered on the stream, and the caller synchronizes the backend.
      */
     cp_status (*wait)(void *impl, const cp_xfer *x);
+    /**
+     * all_to_all of strided blocks, without packing them: block j of this
+     * rank's send, for rank j, is @p rows rows of @p width bytes, the first
+     * row at send + j * @p send_step and the others @p send_pitch bytes
+     * apart; the block from rank i lands at recv + i * @p recv_step, rows
+     * @p recv_pitch apart. A step may be negative (blocks in reverse rank
+     * order); the bytes between rows and between blocks are left alone on
+     * both sides. Every rank passes the same @p width and @p rows, but its
+     * own steps and pitches: a transport that reads its peers' memory in
+     * place (the local one) reads each sender's block with the sender's.
+     * The core has checked that the pitches hold a row and that send and
+     * recv, as the blocks span them, do not overlap. Without this slot the
+     * core packs the blocks and calls @c all_to_all.
+     */
+    cp_status (*all_to_all_2d)(void *impl, const cp_xfer *x, const void *send, ptrdiff_t send_step,
+                               size_t send_pitch, void *recv, ptrdiff_t recv_step, size_t recv_pitch, size_t width,
+                               size_t rows);
 } cp_transport_ops;
 
 /** Whether transport table @p ops has the optional slot @p slot. */
@@ -218,7 +240,11 @@ typedef struct cp_module_host {
     size_t struct_size;   /**< sizeof(cp_module_host) */
     /** Set the calling thread's cp_last_error() text; returns @p s. */
     cp_status (*set_error)(cp_status s, const char *message);
-    /** Wrap a transport instance into a ::cp_comm the core owns (destroy calls ops->destroy). */
+    /**
+     * Wrap a transport instance into a ::cp_comm the core owns (destroy calls
+     * ops->destroy). #CP_ERROR_UNSUPPORTED, naming what is wrong, for a
+     * table of another ABI version, too small, or with a required slot NULL.
+     */
     cp_status (*comm_wrap)(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out);
 } cp_module_host;
 

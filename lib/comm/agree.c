@@ -27,15 +27,18 @@ static cp_status peer_failed(const cpi_agree_call *k, int origin, cp_status s)
 }
 
 /* Can the verdict ride the descriptors of the call's first exchanges? Only
- * the local transport lets the core write a descriptor's status; fields
- * need a real comparison. The answer is the same on every rank. */
+ * where each of their transports can stand a rejection in for a call
+ * (cpi_transport_caps: the local one); fields need a real comparison. The
+ * answer is the same on every rank. */
 static bool folds(const cpi_agree_call *k)
 {
     if (k->nfields > 0)
         return false;
-    for (int i = 0; i < k->nfirst; i++)
-        if (k->first[i]->ops != &cpi_local_transport)
+    for (int i = 0; i < k->nfirst; i++) {
+        const cpi_transport_caps *caps = k->first[i]->caps;
+        if (!caps || !caps->reject || !caps->rejected)
             return false;
+    }
     return true;
 }
 
@@ -43,7 +46,7 @@ static bool folds(const cpi_agree_call *k)
  * byte moves. What this rank's own wait ends with does not matter. */
 static void reject(const cpi_agree_call *k, cp_comm *c, cp_status s, int origin)
 {
-    (void)cpi_local_reject(c->impl, k->timeout_ms, s, origin, k->comm->size);
+    (void)c->caps->reject(c->impl, k->timeout_ms, s, origin, k->comm->size);
 }
 
 /* Integers travel as exact doubles: 32-bit halves, each with its negation,
@@ -155,7 +158,8 @@ void cpi_agree_exchanged(cp_comm *c, cp_status s)
             a->pending[i] = false;
     int origin;
     cp_status os;
-    if (s != CP_SUCCESS && a->origin < 0 && cpi_local_rejected(c->impl, &origin, &os)) {
+    /* c->agreement was set only where the call folds, so c has caps */
+    if (s != CP_SUCCESS && a->origin < 0 && c->caps->rejected(c->impl, &origin, &os)) {
         a->origin = origin;
         a->origin_status = os;
     }

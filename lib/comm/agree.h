@@ -9,18 +9,19 @@
  * for another reason than its arguments, e.g. out of memory).
  *
  * The verdict travels the cheapest way the transport allows:
- *  - folded: on the local transport, in the descriptor of the call's first
- *    exchange on each communicator it uses (cpi_call.status), so a good call
- *    pays nothing. A failed rank stands in for those exchanges with a
- *    CPI_CALL_REJECT descriptor; so does a rank that learns of a failure at
- *    its first exchange on one communicator, for those it has not used yet
- *    (the hybrid mode's ring after its a2a), and so does a rank that fails
- *    later but before them.
- *  - voted: where fields must be compared, or on transports whose
- *    descriptors the core cannot reach (MPI, NCCL, wrappers), one MAX
- *    all-reduce of a few numbers through the context's device, before the
- *    call's own exchanges; except in a stream_only call on a device
- *    context, which holds no vote (see stream_only).
+ *  - folded: where the transport can stand a rejection in for a call
+ *    (cpi_transport_caps in comm.h: the local transport), in the descriptor
+ *    of the call's first exchange on each communicator it uses
+ *    (cpi_call.status), so a good call pays nothing. A failed rank stands
+ *    in for those exchanges with a CPI_CALL_REJECT descriptor; so does a
+ *    rank that learns of a failure at its first exchange on one
+ *    communicator, for those it has not used yet (the hybrid mode's ring
+ *    after its a2a), and so does a rank that fails later but before them.
+ *  - voted: where fields must be compared, or on transports without that
+ *    capability (MPI, NCCL, wrappers), one MAX all-reduce of a few numbers
+ *    through the context's device, before the call's own exchanges; except
+ *    in a stream_only call on a device context, which holds no vote (see
+ *    stream_only).
  *  - summed (cpi_agree_sum): a call whose one exchange is a SUM all-reduce
  *    of host numbers carries the verdict in it, on every transport.
  *

@@ -105,7 +105,7 @@ cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *r
 
 bool cpi_comm_has_all_to_all_2d(const cp_comm *c)
 {
-    return c && c->ops == &cpi_local_transport;
+    return c && CP_TRANSPORT_HAS(c->ops, all_to_all_2d);
 }
 
 /* The bytes that n blocks of rows rows span: the lowest block starts lo
@@ -152,8 +152,8 @@ cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, ptrd
               "%s: send %p (%zu bytes from %p) and recv %p (%zu bytes from %p) overlap", name, send, slen,
               (const void *)s0, recv, rlen, (const void *)r0);
     cp_xfer r = cpi_xfer_resolve(x);
-    return exchanged(c, cpi_local_all_to_all_2d(c->impl, &r, send, send_step, send_pitch, recv, recv_step,
-                                                recv_pitch, width, rows));
+    return exchanged(c, c->ops->all_to_all_2d(c->impl, &r, send, send_step, send_pitch, recv, recv_step,
+                                              recv_pitch, width, rows));
 }
 
 cp_status cpi_sendrecv(cp_comm *c, const cp_xfer *x, const void *send, size_t send_bytes, int dst,

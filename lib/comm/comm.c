@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* cp_comm: the transport-neutral communicator handle. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "comm/agree.h"
@@ -7,28 +8,62 @@
 /* The first published transport table ends with destroy. */
 #define TRANSPORT_OPS_V1_SIZE (offsetof(cp_transport_ops, destroy) + sizeof(void (*)(void *)))
 
-cp_status cpi_comm_wrap(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out)
+/* The slots every transport must fill (backend.h: all slots up to destroy).
+ * The core calls them without looking, so a NULL one would crash a later
+ * call; the optional slots after destroy are looked at before each use. */
+#define REQUIRED_SLOTS(X)                                                                  \
+    X(all_gather) X(reduce_scatter) X(all_to_all) X(sendrecv) X(all_reduce) X(barrier) X(split) X(destroy)
+
+/* Names of the required slots that ops leaves NULL, comma-separated, into
+ * buf; returns whether there was one. */
+static bool missing_slots(const cp_transport_ops *ops, char *buf, size_t cap)
 {
+    size_t used = 0;
+    buf[0] = '\0';
+#define CHECK_SLOT(slot)                                                                   \
+    if (!ops->slot && used < cap)                                                          \
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", #slot);
+    REQUIRED_SLOTS(CHECK_SLOT)
+#undef CHECK_SLOT
+    return used > 0;
+}
+
+cp_status cpi_comm_wrap_caps(const cp_transport_ops *ops, const cpi_transport_caps *caps, void *impl, int rank,
+                             int size, cp_comm **out)
+{
+    char missing[128];
     if (out)
         *out = NULL;
     if (!ops || !impl || !out || size < 1 || rank < 0 || rank >= size)
         return cpi_error(CP_ERROR_INVALID_ARGUMENT, "comm_wrap: ops %p impl %p out %p rank %d size %d",
                          (const void *)ops, impl, (void *)out, rank, size);
+    const char *name = ops->name ? ops->name : "?";
     if (ops->abi_version != CP_MODULE_ABI_VERSION || ops->struct_size < TRANSPORT_OPS_V1_SIZE)
         return cpi_error(CP_ERROR_UNSUPPORTED,
                          "comm_wrap: transport \"%s\" has ABI version %u, table size %zu (this library needs "
                          "ABI %u, at least %zu bytes)",
-                         ops->name ? ops->name : "?", ops->abi_version, ops->struct_size,
-                         CP_MODULE_ABI_VERSION, (size_t)TRANSPORT_OPS_V1_SIZE);
+                         name, ops->abi_version, ops->struct_size, CP_MODULE_ABI_VERSION,
+                         (size_t)TRANSPORT_OPS_V1_SIZE);
+    if (missing_slots(ops, missing, sizeof missing))
+        return cpi_error(CP_ERROR_UNSUPPORTED,
+                         "comm_wrap: transport \"%s\" leaves required slots NULL: %s (only the slots after "
+                         "destroy are optional)",
+                         name, missing);
     cp_comm *c = cpi_calloc(1, sizeof *c);
     if (!c)
         return CP_ERROR_OUT_OF_MEMORY;
     c->ops = ops;
+    c->caps = caps;
     c->impl = impl;
     c->rank = rank;
     c->size = size;
     *out = c;
     return CP_SUCCESS;
+}
+
+cp_status cpi_comm_wrap(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out)
+{
+    return cpi_comm_wrap_caps(ops, NULL, impl, rank, size, out);
 }
 
 cp_status cpi_comm_split(cp_comm *c, int color, int key, int timeout_ms, cp_comm **out)
@@ -42,7 +77,7 @@ cp_status cpi_comm_split(cp_comm *c, int color, int key, int timeout_ms, cp_comm
     CPI_TRY(s);
     if (!impl)
         return CP_SUCCESS; /* a negative color: not a member */
-    s = cpi_comm_wrap(c->ops, impl, rank, size, out);
+    s = cpi_comm_wrap_caps(c->ops, c->caps, impl, rank, size, out);
     if (s != CP_SUCCESS)
         c->ops->destroy(impl);
     return s;

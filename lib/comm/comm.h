@@ -6,9 +6,28 @@
 
 struct cpi_agreement;
 
+/*
+ * What the core can ask of a built-in transport beyond the module ABI: the
+ * agreement's fold (agree.h). A fold is the agreement's own protocol - a
+ * rejection that stands in for whichever collective the peers call next,
+ * naming a rank of another communicator (the call's) - which the ABI does
+ * not freeze while the agreement is young; so no module table carries it,
+ * and a comm whose transport lacks it holds a vote instead.
+ */
+typedef struct cpi_transport_caps {
+    /* Stand in for the peers' next collective on this communicator: every
+     * peer's next call fails before any byte moves. origin (a rank of the
+     * agreement's communicator, of size ranks) failed with s first. */
+    cp_status (*reject)(void *impl, int timeout_ms, cp_status s, int origin, int size);
+    /* Whether a peer's reject failed this rank's last call, and its origin
+     * and status. */
+    bool (*rejected)(const void *impl, int *origin, cp_status *s);
+} cpi_transport_caps;
+
 /* A communicator: one rank's handle on a transport instance. */
 struct cp_comm {
     const cp_transport_ops *ops;
+    const cpi_transport_caps *caps; /* NULL: none (every module transport) */
     void *impl; /* the transport's; destroyed with ops->destroy */
     int rank;
     int size;
@@ -17,7 +36,14 @@ struct cp_comm {
     struct cpi_agreement *agreement;
 };
 
+/* The module host's comm_wrap (backend.h): a comm without caps. Refuses a
+ * table of another ABI version or one with a required slot NULL. */
 cp_status cpi_comm_wrap(const cp_transport_ops *ops, void *impl, int rank, int size, cp_comm **out);
+
+/* cpi_comm_wrap for a built-in transport with capabilities (NULL: none);
+ * communicators split from the result have them too. */
+cp_status cpi_comm_wrap_caps(const cp_transport_ops *ops, const cpi_transport_caps *caps, void *impl, int rank,
+                             int size, cp_comm **out);
 
 /* cp_comm_split with a wait limit for the peers (timeout_ms <= 0: forever). */
 cp_status cpi_comm_split(cp_comm *c, int color, int key, int timeout_ms, cp_comm **out);
@@ -26,21 +52,6 @@ cp_status cpi_comm_split(cp_comm *c, int color, int key, int timeout_ms, cp_comm
  * host memory is served by the CPU backend, whose copies, conversions and
  * reductions need no state. Transports then always have a table. */
 cp_xfer cpi_xfer_resolve(const cp_xfer *x);
-
-/* The built-in in-process transport (local.c). */
-extern const cp_transport_ops cpi_local_transport;
-
-/* all_to_all of strided blocks on the local transport (impl: its instance);
- * see cpi_all_to_all_2d. */
-cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *x, const void *send, ptrdiff_t send_step,
-                                  size_t send_pitch, void *recv, ptrdiff_t recv_step, size_t recv_pitch, size_t width,
-                                  size_t rows);
-
-/* The local transport's side of an agreement (agree.h): stand in for the
- * peers' next collective with a CPI_CALL_REJECT descriptor, and tell which
- * peer's rejection failed this rank's last call. */
-cp_status cpi_local_reject(void *impl, int timeout_ms, cp_status s, int origin, int size);
-bool cpi_local_rejected(const void *impl, int *origin, cp_status *s);
 
 /* Default wait for peers where no group supplies one (CP_GROUP_CONFIG_INIT). */
 #define CPI_DEFAULT_TIMEOUT_MS 300000

@@ -31,10 +31,10 @@ cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *r
  * rank's send is `rows` rows of `width` bytes, the first at send + j *
  * send_step, the others send_pitch apart; what rank i sends this rank lands
  * at recv + i * recv_step, rows recv_pitch apart. Steps may be negative
- * (blocks in reverse rank order). Only transports that can read their
- * peers' memory in place do it (cpi_comm_has_all_to_all_2d: the local
- * transport); the others answer CP_ERROR_UNSUPPORTED, and callers pack
- * blocks for cpi_all_to_all instead.
+ * (blocks in reverse rank order). Only transports with the optional slot
+ * all_to_all_2d do it (cpi_comm_has_all_to_all_2d; the local transport
+ * has it); the others answer CP_ERROR_UNSUPPORTED, and callers pack blocks
+ * for cpi_all_to_all instead.
  */
 bool cpi_comm_has_all_to_all_2d(const cp_comm *c);
 cp_status cpi_all_to_all_2d(cp_comm *c, const cp_xfer *x, const void *send, ptrdiff_t send_step, size_t send_pitch,

@@ -451,9 +451,11 @@ static cp_status local_all_to_all(void *impl, const cp_xfer *xin, const void *se
     return leave(c, &x, s);
 }
 
-cp_status cpi_local_all_to_all_2d(void *impl, const cp_xfer *xin, const void *send, ptrdiff_t send_step,
-                                  size_t send_pitch, void *recv, ptrdiff_t recv_step, size_t recv_pitch, size_t width,
-                                  size_t rows)
+/* Each rank reads its block of every peer's send in place, with the
+ * sender's step and pitch (posted beside its send pointer). */
+static cp_status local_all_to_all_2d(void *impl, const cp_xfer *xin, const void *send, ptrdiff_t send_step,
+                                     size_t send_pitch, void *recv, ptrdiff_t recv_step, size_t recv_pitch,
+                                     size_t width, size_t rows)
 {
     local_comm *c = impl;
     cp_xfer x = cpi_xfer_resolve(xin);
@@ -612,7 +614,7 @@ static cp_status local_reduce_scatter(void *impl, const cp_xfer *x, const void *
 
 /* ---- agreement ---------------------------------------------------------- */
 
-cp_status cpi_local_reject(void *impl, int timeout_ms, cp_status s, int origin, int size)
+static cp_status local_reject(void *impl, int timeout_ms, cp_status s, int origin, int size)
 {
     cpi_call call = cpi_call_make(CPI_CALL_REJECT, 0, -1, -1);
     call.status = (int32_t)s;
@@ -621,7 +623,7 @@ cp_status cpi_local_reject(void *impl, int timeout_ms, cp_status s, int origin, 
     return enter(impl, NULL, call, NULL, timeout_ms, false);
 }
 
-bool cpi_local_rejected(const void *impl, int *origin, cp_status *s)
+static bool local_rejected(const void *impl, int *origin, cp_status *s)
 {
     const local_comm *c = impl;
     if (c->rejected.kind != CPI_CALL_REJECT)
@@ -712,7 +714,7 @@ static void local_destroy(void *impl)
     free(c);
 }
 
-const cp_transport_ops cpi_local_transport = {
+static const cp_transport_ops local_transport = {
     .abi_version = CP_MODULE_ABI_VERSION,
     .struct_size = sizeof(cp_transport_ops),
     .name = "local",
@@ -724,6 +726,14 @@ const cp_transport_ops cpi_local_transport = {
     .barrier = local_barrier,
     .split = local_split,
     .destroy = local_destroy,
+    .all_to_all_2d = local_all_to_all_2d,
+};
+
+/* Every call's descriptor reaches every rank before any byte moves, so the
+ * agreement's verdict can ride it (agree.h). */
+static const cpi_transport_caps local_caps = {
+    .reject = local_reject,
+    .rejected = local_rejected,
 };
 
 CP_EXPORT cp_status cp_comm_create_local(int nranks, cp_comm **comms)
@@ -751,7 +761,7 @@ CP_EXPORT cp_status cp_comm_create_local(int nranks, cp_comm **comms)
         lc->w = w;
         lc->rank = i;
         w->alive++;
-        s = cpi_comm_wrap(&cpi_local_transport, lc, i, nranks, &comms[i]);
+        s = cpi_comm_wrap_caps(&local_transport, &local_caps, lc, i, nranks, &comms[i]);
         if (s != CP_SUCCESS) {
             local_destroy(lc);
             break;

@@ -2,45 +2,56 @@
 /* Communicators over foreign handles come from transport modules, loaded
  * the first time one is asked for and kept for the life of the process. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
-#include <string.h>
 
+#include "backend/backend.h"
 #include "comm/agree.h"
 
+/* A loaded module is kept for the life of the process. A failed load is not
+ * remembered: the next call tries again, so a caller that fixes
+ * INFINICP_MODULE_PATH (or installs the module) gets the module, or the
+ * reason of this attempt, never the message of an earlier one. */
 typedef struct transport_module {
     const char *file;
-    pthread_once_t once;
-    const cp_transport_module *table;
-    cp_status status;
-    char error[512];
+    pthread_mutex_t lock;
+    _Atomic(const cp_transport_module *) table;
 } transport_module;
 
-static transport_module mpi_module = { "transport-mpi.so", PTHREAD_ONCE_INIT, NULL, CP_SUCCESS, "" };
+static transport_module mpi_module = { "transport-mpi.so", PTHREAD_MUTEX_INITIALIZER, NULL };
 
-static void load(transport_module *m)
+static cp_status check_table(const transport_module *m, const cp_transport_module *t)
 {
-    void *fn = NULL;
-    cp_status s = cpi_module_symbol(m->file, "cp_transport_module_v1", &fn);
-    if (s == CP_SUCCESS) {
-        const cp_transport_module *t = ((cp_transport_module_fn)fn)(&cpi_module_host);
-        if (!t)
-            s = cpi_error(CP_ERROR_COMM, "%s: the module returned no transport table", m->file);
-        else if (t->abi_version != CP_MODULE_ABI_VERSION ||
-                 t->struct_size < offsetof(cp_transport_module, create) + sizeof(t->create) || !t->create)
-            s = cpi_error(CP_ERROR_UNSUPPORTED,
-                          "%s: module ABI version %u, table size %zu (this library needs ABI %u)", m->file,
-                          t->abi_version, t->struct_size, CP_MODULE_ABI_VERSION);
-        else
-            m->table = t;
-    }
-    m->status = s;
-    if (s != CP_SUCCESS)
-        strncpy(m->error, cp_last_error(), sizeof m->error - 1);
+    if (!t)
+        return cpi_error(CP_ERROR_COMM, "%s: the module returned no transport table", m->file);
+    if (t->abi_version != CP_MODULE_ABI_VERSION ||
+        t->struct_size < offsetof(cp_transport_module, create) + sizeof(t->create) || !t->create)
+        return cpi_error(CP_ERROR_UNSUPPORTED, "%s: module ABI version %u, table size %zu (this library needs ABI %u)",
+                         m->file, t->abi_version, t->struct_size, CP_MODULE_ABI_VERSION);
+    return CP_SUCCESS;
 }
 
-static void load_mpi(void)
+static cp_status load(transport_module *m, const cp_transport_module **out)
 {
-    load(&mpi_module);
+    /* Calls after the first load skip the lock. */
+    if ((*out = atomic_load(&m->table)))
+        return CP_SUCCESS;
+    pthread_mutex_lock(&m->lock);
+    const cp_transport_module *t = atomic_load(&m->table);
+    cp_status s = CP_SUCCESS;
+    if (!t) {
+        void *fn = NULL;
+        s = cpi_module_symbol(m->file, "cp_transport_module_v1", &fn);
+        if (s == CP_SUCCESS) {
+            t = ((cp_transport_module_fn)fn)(&cpi_module_host);
+            s = check_table(m, t);
+        }
+        if (s == CP_SUCCESS)
+            atomic_store(&m->table, t);
+    }
+    pthread_mutex_unlock(&m->lock);
+    *out = s == CP_SUCCESS ? t : NULL;
+    return s;
 }
 
 CP_EXPORT cp_status cp_comm_create_mpi(void *mpi_comm, cp_comm **out)
@@ -59,12 +70,15 @@ CP_EXPORT cp_status cp_comm_create_mpi(void *mpi_comm, cp_comm **out)
         local = cpi_error(CP_ERROR_INVALID_ARGUMENT, "%s: out is NULL", __func__);
         snprintf(why, sizeof why, "%s", cp_last_error());
     }
-    pthread_once(&mpi_module.once, load_mpi);
-    cp_status s = mpi_module.status;
-    if (s != CP_SUCCESS)
-        s = cpi_error(s, "%s: %s", __func__, mpi_module.error);
+    const cp_transport_module *t;
+    cp_status s = load(&mpi_module, &t);
+    if (s != CP_SUCCESS) {
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", cp_last_error());
+        s = cpi_error(s, "%s: %s", __func__, reason);
+    }
     cp_comm *c = NULL;
-    if (s == CP_SUCCESS && (s = mpi_module.table->create(&cpi_module_host, mpi_comm, &c)) == CP_SUCCESS && !c)
+    if (s == CP_SUCCESS && (s = t->create(&cpi_module_host, mpi_comm, &c)) == CP_SUCCESS && !c)
         s = cpi_error(CP_ERROR_INTERNAL, "%s: %s returned no communicator", __func__, mpi_module.file);
     if (s != CP_SUCCESS)
         return local != CP_SUCCESS ? cpi_error(local, "%s", why) : s;
