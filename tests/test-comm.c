@@ -5,7 +5,6 @@
  * gather; bad arguments; how the core takes a transport table (required and
  * optional slots) and loads the MPI module. Each rank runs on its own
  * thread. */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -22,6 +21,7 @@
 #include "commsuite.h"
 #include "fakedev.h"
 #include "testutil.h"
+#include "world.h"
 
 #define MAX_RANKS 8
 #define SHORT_TIMEOUT_MS 200
@@ -29,43 +29,35 @@
 
 /* ---- running one function per rank on its own thread -------------------- */
 
+/* The suite's ranks take (rank, size, communicator); the tests' world
+ * harness (world.h) runs them. */
 typedef void (*rank_fn)(int rank, int size, cp_comm *c, void *arg);
 
-typedef struct job {
+typedef struct rank_call {
     rank_fn fn;
-    int rank, size;
-    cp_comm *c;
     void *arg;
-} job;
+} rank_call;
 
-static void *job_main(void *p)
+static void call_rank(world_rank *r, void *p)
 {
-    job *j = p;
-    j->fn(j->rank, j->size, j->c, j->arg);
-    return NULL;
+    const rank_call *k = p;
+    k->fn(r->rank, r->size, r->comm, k->arg);
 }
 
-/* Run fn on the n ranks of comms (each on a thread of its own) and join. */
+/* Run fn on the n ranks of comms (the world takes them over and destroys
+ * them when every rank is done), or of a fresh local world where comms is
+ * NULL. */
 static void run_on(int n, cp_comm **comms, rank_fn fn, void *arg)
 {
-    pthread_t t[MAX_RANKS];
-    job jobs[MAX_RANKS];
-    for (int i = 0; i < n; i++) {
-        jobs[i] = (job){ fn, i, n, comms[i], arg };
-        assert_int_equal(pthread_create(&t[i], NULL, job_main, &jobs[i]), 0);
-    }
-    for (int i = 0; i < n; i++)
-        pthread_join(t[i], NULL);
+    world w;
+    rank_call k = { fn, arg };
+    if (world_run(&w, n, comms, call_rank, &k) != CP_SUCCESS)
+        fail_msg("%s", w.error);
 }
 
-/* A fresh world of n ranks for one run of fn. */
 static void run_world(int n, rank_fn fn, void *arg)
 {
-    cp_comm *comms[MAX_RANKS];
-    assert_int_equal(cp_comm_create_local(n, comms), CP_SUCCESS);
-    run_on(n, comms, fn, arg);
-    for (int i = 0; i < n; i++)
-        cp_comm_destroy(comms[i]);
+    run_on(n, NULL, fn, arg);
 }
 
 /* ---- the collective suite ------------------------------------------------ */
@@ -387,8 +379,6 @@ static void test_all_to_all_2d_slot(void **state)
         if (atomic_load(&a.wrong))
             fail_msg("all_to_all_2d through a relay of %d ranks: wrong results (see above)", n);
         assert_int_equal(atomic_load(&count.all_to_all_2d), n);
-        for (int i = 0; i < n; i++)
-            cp_comm_destroy(comms[i]);
     }
 
     /* older tables are accepted, and have no slot even where memory past
@@ -482,11 +472,9 @@ static void run_ulysses(const cp_transport_ops *table, relay_count *count, ulyss
         relay_wrap(UA_P, comms, table, count);
     memset(res, 0, UA_P * sizeof *res);
     run_on(UA_P, comms, ulysses_rank, res);
-    for (int i = 0; i < UA_P; i++) {
+    for (int i = 0; i < UA_P; i++)
         if (res[i].status != CP_SUCCESS)
             fail_msg("rank %d on %s: %s", i, table ? table->name : "local", res[i].message);
-        cp_comm_destroy(comms[i]);
-    }
 }
 
 /* The a2a mode exchanges strided blocks in place where the comm's transport
@@ -728,10 +716,14 @@ typedef struct leave_arg {
     double waited_ms;
 } leave_arg;
 
-static void leave_rank(int rank, int size, cp_comm *c, void *p)
+/* Each rank destroys its communicator itself (and tells the world, which
+ * would destroy it again otherwise). */
+static void leave_rank(world_rank *r, void *p)
 {
     leave_arg *a = p;
-    if (rank == 1) {
+    cp_comm *c = r->comm;
+    r->comm = NULL;
+    if (r->rank == 1) {
         sleep_ms(50);
         cp_comm_destroy(c);
         return;
@@ -745,10 +737,9 @@ static void leave_rank(int rank, int size, cp_comm *c, void *p)
 
 static void test_peer_destroyed(void **state)
 {
-    cp_comm *comms[2];
-    assert_int_equal(cp_comm_create_local(2, comms), CP_SUCCESS);
     leave_arg a = { CP_SUCCESS, 0 };
-    run_on(2, comms, leave_rank, &a);
+    world w;
+    assert_int_equal(world_run(&w, 2, NULL, leave_rank, &a), CP_SUCCESS);
     assert_int_equal(a.status, CP_ERROR_COMM);
     assert_true(a.waited_ms < LONG_TIMEOUT_MS / 2);
 }

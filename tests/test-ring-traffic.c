@@ -33,6 +33,7 @@
 
 #include "attn/ring.h"
 #include "faulty.h"
+#include "world.h"
 
 enum { S = 96, H = 4, HKV = 2, D = 8 };
 
@@ -43,27 +44,20 @@ typedef struct traffic_case {
     cp_mask mask;
 } traffic_case;
 
-typedef struct rank_job {
+/* What every rank of a case shares. */
+typedef struct case_run {
     const traffic_case *c;
-    cp_comm *comm;
-    int rank;
-    pthread_barrier_t *bar;
+    pthread_barrier_t bar;
     faulty_plan *plan;
-    long long *fwd_bytes;
-    cp_status status;
-    char error[512];
-} rank_job;
+    long long fwd_bytes; /* counted by rank 0 between the forward and the backward */
+} case_run;
 
-static void *run_rank(void *arg)
+static void run_rank(world_rank *r, void *arg)
 {
-    rank_job *j = arg;
-    const traffic_case *c = j->c;
-    cp_context *ctx = NULL;
-    cp_group *g = NULL;
-    cp_attn_plan *p = NULL;
+    case_run *k = arg;
+    const traffic_case *c = k->c;
     cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
     cc.num_threads = 1;
-    cp_group_config gc = CP_GROUP_CONFIG_INIT;
     cp_attn_desc d = CP_ATTN_DESC_INIT;
     d.batch = c->batch;
     d.seq_len = S;
@@ -79,35 +73,22 @@ static void *run_rank(void *arg)
     float *o = calloc(n * H * D, sizeof(float)), *lse = calloc(n * H, sizeof(float));
     float *dq = calloc(n * H * D, sizeof(float)), *dk = calloc(n * HKV * D, sizeof(float));
     float *dv = calloc(n * HKV * D, sizeof(float));
-    cp_status s = q && kv && o && lse && dq && dk && dv ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY;
+    cp_status s = q && kv && o && lse && dq && dk && dv ? CP_SUCCESS
+                                                         : world_fail(r, CP_ERROR_OUT_OF_MEMORY, "calloc");
+    const fixture_cfg fc = { .context = &cc, .desc = &d };
     if (s == CP_SUCCESS)
-        s = cp_context_create(&cc, &ctx);
+        s = fixture_open(r, &fc);
     if (s == CP_SUCCESS)
-        s = cp_group_create(ctx, j->comm, &gc, &g);
-    if (s == CP_SUCCESS)
-        s = cp_attn_plan_create(g, &d, &p);
-    if (s == CP_SUCCESS)
-        s = cp_attn_forward(p, q, kv, kv, o, lse, NULL, 0);
-    if (s != CP_SUCCESS)
-        snprintf(j->error, sizeof j->error, "%s", cp_last_error());
+        s = world_fail(r, cp_attn_forward(r->fx.plan, q, kv, kv, o, lse, NULL, 0), "cp_attn_forward");
     /* every forward's sends are counted once all ranks are here (the local
      * transport on the CPU returns when the copy is done) */
-    pthread_barrier_wait(j->bar);
-    if (j->rank == 0)
-        *j->fwd_bytes = atomic_load(&j->plan->sendrecv_bytes);
-    pthread_barrier_wait(j->bar);
-    if (s == CP_SUCCESS) {
-        s = cp_attn_backward(p, q, kv, kv, o, lse, o, dq, dk, dv, NULL, 0);
-        if (s != CP_SUCCESS)
-            snprintf(j->error, sizeof j->error, "%s", cp_last_error());
-    }
-    j->status = s;
-    cp_attn_plan_destroy(p);
-    cp_group_destroy(g);
-    cp_context_destroy(ctx);
-    cp_comm_destroy(j->comm);
+    pthread_barrier_wait(&k->bar);
+    if (r->rank == 0)
+        k->fwd_bytes = atomic_load(&k->plan->sendrecv_bytes);
+    pthread_barrier_wait(&k->bar);
+    if (s == CP_SUCCESS)
+        world_fail(r, cp_attn_backward(r->fx.plan, q, kv, kv, o, lse, o, dq, dk, dv, NULL, 0), "cp_attn_backward");
     free(q), free(kv), free(o), free(lse), free(dq), free(dk), free(dv);
-    return NULL;
 }
 
 /* The three kinds of hop: keys and values in the forward and the backward,
@@ -219,28 +200,22 @@ static void check_geometry(const traffic_case *c, const char *what)
 
 static void check_case(const traffic_case *c)
 {
-    cp_comm *comms[8];
-    assert_true(c->P <= 8);
+    cp_comm *comms[WORLD_MAX_RANKS];
+    assert_true(c->P <= WORLD_MAX_RANKS);
     assert_int_equal(cp_comm_create_local(c->P, comms), CP_SUCCESS);
     faulty_plan plan = { .rank = -1 };
-    pthread_barrier_t bar;
-    pthread_barrier_init(&bar, NULL, (unsigned)c->P);
-    long long fwd_bytes = 0;
-    rank_job jobs[8];
-    pthread_t th[8];
-    for (int i = 0; i < c->P; i++) {
-        assert_int_equal(faulty_wrap(&comms[i], &plan), CP_SUCCESS);
-        jobs[i] = (rank_job){ c, comms[i], i, &bar, &plan, &fwd_bytes, CP_SUCCESS, "" };
-        assert_int_equal(pthread_create(&th[i], NULL, run_rank, &jobs[i]), 0);
-    }
     for (int i = 0; i < c->P; i++)
-        pthread_join(th[i], NULL);
-    pthread_barrier_destroy(&bar);
+        assert_int_equal(faulty_wrap(&comms[i], &plan), CP_SUCCESS);
+    case_run k = { .c = c, .plan = &plan };
+    pthread_barrier_init(&k.bar, NULL, (unsigned)c->P);
+    world w;
+    cp_status st = world_run(&w, c->P, comms, run_rank, &k);
+    pthread_barrier_destroy(&k.bar);
     const char *what = c->mask == CP_MASK_NONE ? "no mask" : c->layout == CP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous";
     check_geometry(c, what);
-    for (int i = 0; i < c->P; i++)
-        if (jobs[i].status != CP_SUCCESS)
-            fail_msg("P=%d %s: rank %d: %s", c->P, what, i, jobs[i].error);
+    if (st != CP_SUCCESS)
+        fail_msg("P=%d %s: %s", c->P, what, w.error);
+    const long long fwd_bytes = k.fwd_bytes;
     const long long half = (long long)c->batch * (S / c->P / 2) * HKV * D * (long long)sizeof(float);
     long long fwd, bwd_kv, bwd_acc;
     expect_halves(c, &fwd, &bwd_kv, &bwd_acc);
