@@ -293,6 +293,18 @@ static int64_t extent(const tensor *x)
     return last > INT64_MAX ? -1 : (int64_t)last;
 }
 
+/* A zero stride along a dimension of more than one element: the tensor
+ * overlaps itself, which the kernels refuse for an output. */
+static bool overlaps_itself(const tensor *x)
+{
+    const int64_t dims3[3] = { x->B, x->S, x->H }, dims2[2] = { x->B, x->H };
+    const int64_t *dims = x->nstrides == 2 ? dims2 : dims3;
+    for (int i = 0; i < x->nstrides; i++)
+        if (x->s[i] == 0 && dims[i] > 1)
+            return true;
+    return false;
+}
+
 static bool dense(const tensor *x, const int64_t *given)
 {
     for (int i = 0; i < x->nstrides; i++)
@@ -390,6 +402,8 @@ static void fuzz_kernel(fuzz_input *in, int backward)
         CHECK(ext[i] > 0 && (uint64_t)ext[i] <= PTRDIFF_MAX / dtype_bytes(x[i].t));
         if (x[i].output && !dense(&x[i], given[i]))
             dense_out = false;
+        /* accepted outputs never overlap themselves */
+        CHECK(!x[i].output || !overlaps_itself(&x[i]));
     }
     /* small enough to run: each tensor gets a buffer of exactly its extent */
     const int64_t work[] = { B, H, Sq, Sk, D + Dv };
@@ -410,6 +424,16 @@ static void fuzz_kernel(fuzz_input *in, int backward)
             ((float *)bufs[4])[i] = -INFINITY;
     }
     bool tame = fabs(a.softmax_scale) * (double)D <= 64; /* scores that cannot overflow fp32 */
+    if (backward && (overlaps_itself(&x[3]) || overlaps_itself(&x[4]))) {
+        /* legal inputs of the backward, but no forward can write them: the
+         * forward that would make them must refuse, and nothing else runs */
+        cp_kernel_attn_args f = a;
+        f.accumulate = 0;
+        CHECK(cp_kernel_attn_forward(ctx, &f) == CP_ERROR_INVALID_ARGUMENT);
+        for (int i = 0; i < n; i++)
+            free(bufs[i]);
+        return;
+    }
     if (backward) {
         /* the forward's own result first, then its gradients */
         cp_kernel_attn_args f = a;
@@ -504,9 +528,11 @@ static void fuzz_merge(fuzz_input *in)
         if (dense(&x[0], given[0]) && dense(&x[1], given[1]))
             CHECK(all_finite(bufs[0], x[0].t, ext[0], false) && all_finite(bufs[1], CP_DTYPE_F32, ext[1], false));
     } else {
-        /* only struct_size or an enum can be wrong here */
+        /* only struct_size, an enum or an output that overlaps itself can
+         * be wrong here */
         CHECK(s == CP_ERROR_INVALID_ARGUMENT && starts_with(cp_last_error(), "cp_kernel_merge: "));
     }
+    CHECK(s != CP_SUCCESS || !(overlaps_itself(&x[0]) || overlaps_itself(&x[1])));
     for (int i = 0; i < 4; i++)
         free(bufs[i]);
 }
