@@ -9,12 +9,14 @@ set -u
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 command -v clang >/dev/null || { echo "fuzz.sh: clang is needed (sh scripts/deps.sh installs it)"; exit 1; }
-if [ ! -d build-fuzz ]; then
-    CC=clang meson setup build-fuzz -Dfuzz=enabled \
-        -Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fsanitize=fuzzer-no-link \
-        -Dcuda=disabled -Dmpi=disabled -Ddocs=disabled >build-fuzz.setup.log 2>&1 ||
-        { cat build-fuzz.setup.log; rm -rf build-fuzz; exit 1; }
-fi
+# An existing build folder is configured again, so that these options (and
+# changes to meson_options.txt) reach it, as scripts/test.sh does.
+reconfigure=""
+[ -f build-fuzz/meson-private/coredata.dat ] && reconfigure=--reconfigure
+CC=clang meson setup $reconfigure build-fuzz -Dfuzz=enabled \
+    -Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fsanitize=fuzzer-no-link \
+    -Dcuda=disabled -Dmpi=disabled -Ddocs=disabled >build-fuzz.setup.log 2>&1 ||
+    { cat build-fuzz.setup.log; rm -rf build-fuzz; exit 1; }
 # Only the fuzzers (and the library): the other tests are gcc's business.
 targets=""
 for seeds in tests/fuzz/corpus/*/; do
