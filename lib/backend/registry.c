@@ -27,11 +27,7 @@ static bool missing_slots(const cp_backend_ops *ops, char *buf, size_t cap)
 {
     size_t used = 0;
     buf[0] = '\0';
-#define CHECK_SLOT(slot)                                                                   \
-    if (!ops->slot && used < cap)                                                          \
-        used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", #slot);
-    REQUIRED_SLOTS(CHECK_SLOT)
-#undef CHECK_SLOT
+    REQUIRED_SLOTS(CPI_LIST_NULL_SLOT)
     return used > 0;
 }
 

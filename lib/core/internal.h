@@ -67,6 +67,17 @@ static inline bool cpi_overlap(const void *a, size_t an, const void *b, size_t b
 }
 
 /* Bytes of one element; 0 for an unknown dtype. */
+/* Append name to the comma-separated list in buf[cap] (*used bytes so far;
+ * the list is cut where it no longer fits). */
+void cpi_list_add(char *buf, size_t cap, size_t *used, const char *name);
+
+/* For an X-macro list of a module table's required slots, in a function
+ * with `ops` (the table), `buf`, `cap` and `size_t used` in scope: add the
+ * name of each slot the table leaves NULL to the list in buf. */
+#define CPI_LIST_NULL_SLOT(slot)                                                  \
+    if (!ops->slot)                                                               \
+        cpi_list_add(buf, cap, &used, #slot);
+
 size_t cpi_dtype_size(cp_dtype t);
 bool cpi_dtype_valid(cp_dtype t);
 const char *cpi_dtype_name(cp_dtype t);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Versioned config structs, dtypes, allocation. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,4 +59,10 @@ void *cpi_calloc(size_t n, size_t size)
     if (!p)
         cpi_error(CP_ERROR_OUT_OF_MEMORY, "out of host memory allocating %zu x %zu bytes", n, size);
     return p;
+}
+
+void cpi_list_add(char *buf, size_t cap, size_t *used, const char *name)
+{
+    if (*used < cap)
+        *used += (size_t)snprintf(buf + *used, cap - *used, "%s%s", *used ? ", " : "", name);
 }
