@@ -270,12 +270,6 @@ static void fwd_mask(const problem *p, float *st, int nk, ptrdiff_t lds, int nco
     }
 }
 
-/* Is key j (block row) visible to query i (block row)? */
-static inline int sees(const problem *p, int64_t i, int64_t j)
-{
-    return !p->causal || j <= i + p->delta;
-}
-
 /* Zero the inf and NaN elements of a loaded tile (rows of n floats, pitch
  * ld) and list the rows that held any in bad[]; returns how many. Finite
  * elements stay, so every output a non-finite element does not reach keeps
@@ -314,7 +308,7 @@ static void fwd_fix_values(const problem *p, fwd_tiles *f, int64_t b, int kvh, i
         int j = bad[n];
         p->t->load(f->row, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)p->Dv, (size_t)p->Dv, 1.0f);
         for (int i = c0; i < nq; i++)
-            if (sees(p, i0 + i, k0 + j))
+            if (k0 + j < visible_keys(p, i0 + i))
                 add_nonfinite(f->o + (size_t)i * dv16, f->st[(size_t)j * bq16 + i], f->row, p->Dv);
     }
 }
