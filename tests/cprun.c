@@ -185,3 +185,18 @@ void cprun_out_free(cprun_out *o)
 {
     cpref_result_free(&o->g);
 }
+
+int cprun_device_missing(const char *suite)
+{
+    if (cprun_device == CP_DEVICE_CPU)
+        return 0;
+    cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
+    cc.device = cprun_device;
+    cp_context *ctx = NULL;
+    cp_status s = cp_context_create(&cc, &ctx);
+    cp_context_destroy(ctx);
+    if (s == CP_SUCCESS)
+        return 0;
+    printf("SKIP: no usable CUDA device for %s: %s (%s)\n", suite, cp_last_error(), cp_status_string(s));
+    return 1;
+}

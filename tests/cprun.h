@@ -24,6 +24,10 @@ cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, cons
  * the GPU builds of the suites (compiled with -DCPRUN_CUDA). */
 extern const cp_device cprun_device;
 
+/* Whether cprun_device cannot be opened (always false on the CPU); prints
+ * why, for a suite's main to return 77 (meson: SKIP). */
+int cprun_device_missing(const char *suite);
+
 /* One CP run of the tests: which mode, layout, dtype and format, on how many
  * ranks, and how the CP group sits in its world. */
 typedef struct cprun_cfg {

@@ -429,17 +429,8 @@ static void test_bad_arguments(void **state)
 
 int main(void)
 {
-    if (cprun_device != CP_DEVICE_CPU) {
-        cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
-        cc.device = cprun_device;
-        cp_context *ctx = NULL;
-        cp_status s = cp_context_create(&cc, &ctx);
-        cp_context_destroy(ctx);
-        if (s != CP_SUCCESS) {
-            printf("SKIP: no usable CUDA device for the CP suite: %s (%s)\n", cp_last_error(), cp_status_string(s));
-            return 77;
-        }
-    }
+    if (cprun_device_missing("the CP suite"))
+        return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_mismatched_descriptors),
