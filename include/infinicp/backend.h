@@ -141,6 +141,15 @@ typedef struct cp_backend_ops {
      * this slot must be deterministic always (the CPU backend is).
      */
     cp_status (*set_deterministic)(void *state, int on);
+
+    /**
+     * The size of ::cp_kernel_attn_args whose fields the attention kernels
+     * understand (API 1.1). 0, or a table too old to have this field: the
+     * 1.0 arguments, which end at drow_ready. The core answers
+     * #CP_ERROR_UNSUPPORTED, naming the field, for a window, softcap or
+     * rectangle list a backend does not understand, instead of handing it over.
+     */
+    size_t kernel_args_size;
 } cp_backend_ops;
 
 /** Streams a device backend offers through cp_backend_ops.stream_select. */

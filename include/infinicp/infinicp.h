@@ -33,7 +33,7 @@ extern "C" {
 /** Major version of the library this header belongs to. */
 #define CP_VERSION_MAJOR 1
 /** Minor version of the library this header belongs to. */
-#define CP_VERSION_MINOR 0
+#define CP_VERSION_MINOR 1
 /** Patch level of the library this header belongs to. */
 #define CP_VERSION_PATCH 0
 /** The header's version in the encoding of cp_version(). */
@@ -291,7 +291,8 @@ void cp_topology_destroy(cp_topology *t);
 /** How a sequence is split across the ranks of a CP group. */
 typedef enum cp_layout {
     CP_LAYOUT_CONTIGUOUS = 0, /**< rank r holds [r*S/P, (r+1)*S/P) */
-    CP_LAYOUT_ZIGZAG = 1      /**< rank r holds chunks r and 2P-1-r of 2P */
+    CP_LAYOUT_ZIGZAG = 1,     /**< rank r holds chunks r and 2P-1-r of 2P */
+    CP_LAYOUT_PACKED = 2      /**< API 1.1: one packed row of documents (batch 1) split by a ::cp_pack */
 } cp_layout;
 
 /**
@@ -554,12 +555,28 @@ typedef struct cp_attn_desc {
     double softmax_scale; /**< 0 = 1/sqrt(head_dim); |scale| <= 3e38 / log2(e) = 2.0794415416798361e+38 */
     cp_layout layout;     /**< how the sequence is split */
     cp_mode mode;         /**< communication scheme */
+    /* API 1.1 (a 1.0 caller's smaller struct_size leaves each 0 = off) */
+    /**
+     * Sliding window: 0 = none; W >= 1: with #CP_MASK_CAUSAL key j is visible
+     * to query i iff i - W < j <= i, with #CP_MASK_NONE iff |i - j| < W
+     * (positions in the sequence, or in the packed row).
+     */
+    int64_t window;
+    /** Logit softcap: 0 = none; c > 0: every score s becomes c * tanh(s / c) before the mask and softmax. */
+    double softcap;
+    /**
+     * Attention sinks: 0 = none; 1 = one learned logit per query head
+     * (::cp_attn_args.sinks) joins the softmax denominator of every row of
+     * its head; it has no value, so it only scales the row's output down.
+     * The LSE includes it: lse_i = log(sum_j exp(s_ij) + exp(sink_h)).
+     */
+    int sinks;
 } cp_attn_desc;
 
-/** Defaults: F32, BSHD, no shape, causal, scale 1/sqrt(d), contiguous, p2p. */
+/** Defaults: F32, BSHD, no shape, causal, scale 1/sqrt(d), contiguous, p2p, no window, softcap or sinks. */
 #define CP_ATTN_DESC_INIT                                                          \
     { sizeof(cp_attn_desc), CP_DTYPE_F32, CP_FORMAT_BSHD, 0, 0, 0, 0, 0, 0,          \
-      CP_MASK_CAUSAL, 0.0, CP_LAYOUT_CONTIGUOUS, CP_MODE_P2P }
+      CP_MASK_CAUSAL, 0.0, CP_LAYOUT_CONTIGUOUS, CP_MODE_P2P, 0, 0.0, 0 }
 
 /**
  * @brief Plan a CP attention on a group (collective).
@@ -634,6 +651,165 @@ cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void *k, const 
                            const void *out, const float *lse, const void *dout,
                            void *dq, void *dk, void *dv, void *workspace, size_t workspace_bytes);
 
+/* ------------------------------------------------------------------------ */
+/* Packed documents (API 1.1)                                               */
+/* ------------------------------------------------------------------------ */
+
+/** How a ::cp_pack splits a packed row of documents across the CP group. */
+typedef enum cp_balance {
+    CP_BALANCE_AUTO = 0,       /**< the library's best for the config (GREEDY or CONTIGUOUS) */
+    CP_BALANCE_DOC_ZIGZAG = 1, /**< each document cut in 2P chunks, rank r takes r and 2P-1-r (every length % 2P == 0) */
+    CP_BALANCE_GREEDY = 2,     /**< chunks of `chunk` tokens assigned to even out the work, documents kept on few ranks */
+    CP_BALANCE_CONTIGUOUS = 3  /**< rank r takes tokens [r T/P, (r+1) T/P) */
+} cp_balance;
+
+/** The split of one packed row: host only, no communication, deterministic. */
+typedef struct cp_pack cp_pack;
+
+/** Configuration of cp_pack_create(). Initialise with #CP_PACK_CONFIG_INIT. */
+typedef struct cp_pack_config {
+    size_t struct_size;         /**< sizeof(cp_pack_config) */
+    int cp_size;                /**< P, the CP group size */
+    const int64_t *cu_seqlens;  /**< num_seqs + 1 offsets: 0 = cu[0] < cu[1] < ... < cu[num_seqs] = T */
+    int num_seqs;               /**< documents in the row (>= 1) */
+    cp_mask mask;               /**< the attention the split balances for */
+    int64_t window;             /**< its sliding window (0 = none) */
+    cp_balance balance;         /**< the policy */
+    int64_t chunk;              /**< GREEDY granularity in tokens; 0 = the library's choice */
+} cp_pack_config;
+
+/** Defaults: no documents, causal, no window, #CP_BALANCE_AUTO, chunk chosen by the library. */
+#define CP_PACK_CONFIG_INIT { sizeof(cp_pack_config), 0, NULL, 0, CP_MASK_CAUSAL, 0, CP_BALANCE_AUTO, 0 }
+
+/**
+ * @brief Split a packed row of documents across a CP group (API 1.1).
+ *
+ * Every rank gets exactly T / P tokens (T % P == 0 is required), in local
+ * order increasing along the row. Equal configurations give equal splits on
+ * every rank and every run. Host only; no communication.
+ * @param cfg the documents and the policy; see ::cp_pack_config.
+ * @param out receives the pack; NULL on failure.
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT naming the field (NULL
+ *         pointers, bad struct_size, cp_size < 1, cu_seqlens not strictly
+ *         increasing from 0, T % P != 0, a chunk that does not divide T / P,
+ *         DOC_ZIGZAG with a length that is not a multiple of 2P);
+ *         #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_pack_create(const cp_pack_config *cfg, cp_pack **out);
+
+/**
+ * @brief Where a rank's tokens sit (API 1.1).
+ * @param pk the pack.
+ * @param cp_rank the rank, 0 <= cp_rank < P.
+ * @param positions receives the T / P packed-row indices of the rank's
+ *        tokens in local order, or NULL.
+ * @param doc_positions receives each token's position inside its document
+ *        (for RoPE), or NULL.
+ * @param doc_ids receives each token's document index, or NULL (not all three NULL).
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_pack_positions(const cp_pack *pk, int cp_rank, int64_t *positions, int64_t *doc_positions,
+                            int32_t *doc_ids);
+
+/**
+ * @brief The attention work of a rank's queries (API 1.1).
+ *
+ * The number of visible (query, key) pairs of the rank's queries under the
+ * pack's mask and window, inside their documents: what the balance evens out.
+ * @param pk the pack.
+ * @param cp_rank the rank.
+ * @param pairs receives the count (exact up to 2^53).
+ * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ */
+cp_status cp_pack_work(const cp_pack *pk, int cp_rank, double *pairs);
+
+/**
+ * @brief Copy a rank's tokens out of the whole packed row (API 1.1).
+ * @param ctx the context whose device holds both buffers.
+ * @param pk the pack.
+ * @param cp_rank the rank.
+ * @param global the whole row, T tokens of @p token_bytes each.
+ * @param local receives the rank's T / P tokens in local order.
+ * @param token_bytes bytes per token (heads x dim x element size), > 0.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT or #CP_ERROR_BACKEND.
+ */
+cp_status cp_pack_shard(cp_context *ctx, const cp_pack *pk, int cp_rank, const void *global, void *local,
+                        size_t token_bytes);
+
+/**
+ * @brief Gather the whole packed row from every rank's share (collective, API 1.1).
+ * @param g the CP group (its size is the pack's P).
+ * @param pk the pack, the same on every rank.
+ * @param local this rank's T / P tokens in local order.
+ * @param global receives the whole row, T tokens.
+ * @param token_bytes bytes per token, > 0, the same on every rank.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_MISMATCH,
+ *         #CP_ERROR_TIMEOUT, #CP_ERROR_COMM or #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_pack_gather(cp_group *g, const cp_pack *pk, const void *local, void *global, size_t token_bytes);
+
+/**
+ * @brief Destroy a pack.
+ * @param pk the pack, or NULL (no-op).
+ */
+void cp_pack_destroy(cp_pack *pk);
+
+/**
+ * Extra arguments of cp_attn_forward_ex() and cp_attn_backward_ex().
+ * Initialise with #CP_ATTN_ARGS_INIT.
+ */
+typedef struct cp_attn_args {
+    size_t struct_size;     /**< sizeof(cp_attn_args) */
+    const cp_pack *pack;    /**< required with #CP_LAYOUT_PACKED (its P and T those of the plan), else NULL */
+    const float *sinks;     /**< desc.sinks = 1: [num_heads] logits on the plan's device; else NULL */
+    float *dsinks;          /**< backward with sinks: receives this rank's [num_heads] share of the gradient */
+    void *workspace;        /**< as in cp_attn_forward(); NULL = the plan's own */
+    size_t workspace_bytes; /**< bytes at @c workspace */
+} cp_attn_args;
+
+/** Zero-initialises every field but struct_size. */
+#define CP_ATTN_ARGS_INIT { sizeof(cp_attn_args), NULL, NULL, NULL, NULL, 0 }
+
+/**
+ * @brief CP attention forward with a pack and sinks (collective, API 1.1).
+ *
+ * As cp_attn_forward(); @p x carries what API 1.1 adds. Ranks passing
+ * different packs all get #CP_ERROR_MISMATCH.
+ * @param p the plan.
+ * @param q queries (see cp_attn_forward()).
+ * @param k keys.
+ * @param v values.
+ * @param out receives the output.
+ * @param lse receives the log-sum-exp (it includes the sink).
+ * @param x the pack, sinks and workspace; NULL = #CP_ATTN_ARGS_INIT.
+ * @return as cp_attn_forward().
+ */
+cp_status cp_attn_forward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
+                             float *lse, const cp_attn_args *x);
+
+/**
+ * @brief CP attention backward with a pack and sinks (collective, API 1.1).
+ *
+ * As cp_attn_backward(). With sinks, x->dsinks receives the gradient of the
+ * sinks from this rank's queries; summing it over the group is
+ * cp_grad_all_reduce()'s job, as for any replicated parameter.
+ * @param p the plan.
+ * @param q the forward's queries.
+ * @param k the forward's keys.
+ * @param v the forward's values.
+ * @param out the forward's output.
+ * @param lse the forward's log-sum-exp.
+ * @param dout gradient of the loss with respect to @p out.
+ * @param dq receives the gradient for @p q.
+ * @param dk receives the gradient for @p k.
+ * @param dv receives the gradient for @p v.
+ * @param x the pack, sinks, dsinks and workspace; NULL = #CP_ATTN_ARGS_INIT.
+ * @return as cp_attn_forward().
+ */
+cp_status cp_attn_backward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v,
+                              const void *out, const float *lse, const void *dout,
+                              void *dq, void *dk, void *dv, const cp_attn_args *x);
+
 /**
  * @brief Destroy a plan and the workspace it allocated.
  * @param p the plan, or NULL (no-op).
@@ -643,6 +819,15 @@ void cp_attn_plan_destroy(cp_attn_plan *p);
 /* ------------------------------------------------------------------------ */
 /* Single-device kernels                                                    */
 /* ------------------------------------------------------------------------ */
+
+/**
+ * A rectangle of a block (API 1.1): query rows [q_row, q_row + q_len)
+ * against key rows [k_row, k_row + k_len), whose first rows sit at
+ * positions q_pos and k_pos (the mask and window compare positions).
+ */
+typedef struct cp_attn_rect {
+    int64_t q_row, q_len, k_row, k_len, q_pos, k_pos;
+} cp_attn_rect;
 
 /**
  * Arguments of cp_kernel_attn_forward() and cp_kernel_attn_backward():
@@ -738,6 +923,24 @@ typedef struct cp_kernel_attn_args {
      */
     float *drow;
     int drow_ready; /**< 0: store into @c drow; 1: read from it (needs drow) */
+
+    /* API 1.1: a backend that does not understand these answers
+     * #CP_ERROR_UNSUPPORTED naming the field when one is set. */
+    /** Sliding window on positions, as ::cp_attn_desc.window (0 = none). */
+    int64_t window;
+    /** Logit softcap, as ::cp_attn_desc.softcap (0 = none). */
+    double softcap;
+    /**
+     * Optional rectangles (NULL = none: q_offset / k_offset as above). With
+     * them the call attends query rows [q_row, q_row + q_len) to key rows
+     * [k_row, k_row + k_len) of each rectangle, mask and window applied to
+     * positions q_pos + i and k_pos + j; a query row in several rectangles
+     * gets the merged result of all of them, one in none O = 0 and
+     * LSE = -inf (or is left as it was with accumulate); q_offset and
+     * k_offset are not used. One call covers a whole packed block.
+     */
+    const cp_attn_rect *rects;
+    int64_t num_rects; /**< entries at @c rects (0 with rects = NULL) */
 } cp_kernel_attn_args;
 
 /** Zero every field but struct_size, without -Wmissing-field-initializers (helper of the *_INIT macros). */

@@ -409,3 +409,18 @@ CP_EXPORT void cp_attn_plan_destroy(cp_attn_plan *p)
 {
     plan_free(p);
 }
+
+CP_EXPORT cp_status cp_attn_forward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
+                                       float *lse, const cp_attn_args *x)
+{
+    (void)p; (void)q; (void)k; (void)v; (void)out; (void)lse; (void)x;
+    return cpi_error(CP_ERROR_UNSUPPORTED, "%s: not yet", __func__);
+}
+
+CP_EXPORT cp_status cp_attn_backward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v,
+                                        const void *out, const float *lse, const void *dout, void *dq, void *dk,
+                                        void *dv, const cp_attn_args *x)
+{
+    (void)p; (void)q; (void)k; (void)v; (void)out; (void)lse; (void)dout; (void)dq; (void)dk; (void)dv; (void)x;
+    return cpi_error(CP_ERROR_UNSUPPORTED, "%s: not yet", __func__);
+}
