@@ -59,4 +59,38 @@ void model_backward(const model_shape *s, const double *q, const double *k, cons
 /* The loss sum(dout * O), for finite-difference checks of the backward. */
 double model_loss(const model_shape *s, const double *q, const double *k, const double *v, const double *dout);
 
+/*
+ * API 1.1 (DESIGN.md section 5): windows, softcap, documents, sinks and
+ * rectangle lists. The pair (i, j) is visible when the mask and the window
+ * hold on the positions (causal: kp <= qp, and kp > qp - W with a window;
+ * none: |qp - kp| < W with a window, else always) and, with documents, both
+ * positions lie in the same document. Without rects the block is one
+ * rectangle at q_offset / k_offset; with them a pair counts once for every
+ * rectangle that holds it and sees it (rectangles of a row are meant to
+ * hold disjoint keys, but the model does not assume it). A score is
+ * s = scale q.k, then c tanh(s / c) with a softcap c. A sink adds
+ * exp(sink[h]) to the denominator of every row of head h (a row with no
+ * key then has O = 0, LSE = sink[h]).
+ */
+typedef struct model_rect {
+    int64_t q_row, q_len, k_row, k_len, q_pos, k_pos;
+} model_rect;
+
+typedef struct model_ext {
+    int64_t window;           /* 0 = none */
+    double softcap;           /* 0 = none */
+    const int64_t *cu;        /* document boundaries on positions, cu[0] = 0 < ... < cu[ndocs]; NULL = none */
+    int ndocs;
+    const double *sinks;      /* [heads] logits, or NULL */
+    const model_rect *rects;  /* NULL: the whole block at q_offset / k_offset */
+    int64_t nrects;
+} model_ext;
+
+void model_forward_ex(const model_shape *s, const model_ext *x, const double *q, const double *k, const double *v,
+                      double *o, double *lse);
+/* dsinks [heads] (may be NULL): d loss / d sink[h] = -sum_i exp(sink[h] - LSE_i) rowsum(dout_i * O_i). */
+void model_backward_ex(const model_shape *s, const model_ext *x, const double *q, const double *k,
+                       const double *v, const double *o, const double *lse, const double *dout, double *dq,
+                       double *dk, double *dv, double *dsinks);
+
 #endif

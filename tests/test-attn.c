@@ -400,7 +400,7 @@ static void test_bad_arguments(void **state)
     CASE(b.head_dim_v = -2, CP_ERROR_INVALID_ARGUMENT, "head_dim_v = -2");
     CASE(b.mask = (cp_mask)3, CP_ERROR_INVALID_ARGUMENT, "mask = 3");
     CASE(b.softmax_scale = NAN, CP_ERROR_INVALID_ARGUMENT, "softmax_scale");
-    CASE(b.layout = (cp_layout)2, CP_ERROR_INVALID_ARGUMENT, "layout = 2");
+    CASE(b.layout = (cp_layout)3, CP_ERROR_INVALID_ARGUMENT, "layout = 3");
     CASE(b.mode = (cp_mode)4, CP_ERROR_INVALID_ARGUMENT, "mode = 4");
     CASE((b.batch = INT64_MAX / 2, b.seq_len = 1 << 20), CP_ERROR_INVALID_ARGUMENT, "overflow");
     CASE((b.layout = CP_LAYOUT_ZIGZAG, b.seq_len = 1), CP_ERROR_INVALID_ARGUMENT, "seq_len = 1");

@@ -820,7 +820,7 @@ static void row_attn_plan_create(void **state)
         REAL_CASE(T, softmax_scale, NAN, "desc->softmax_scale = nan"),
         REAL_CASE(T, softmax_scale, -INFINITY, "desc->softmax_scale = -inf"),
         REAL_CASE(T, softmax_scale, 1e300, "desc->softmax_scale = 1e+300"),
-        INT_CASE(T, layout, 2, E, "layout = 2"),
+        INT_CASE(T, layout, 3, E, "layout = 3"),
         INT_CASE(T, layout, -1, E, "layout = -1"),
         INT_CASE(T, mode, 4, E, "desc->mode = 4"),
         INT_CASE(T, mode, -1, E, "desc->mode = -1"),

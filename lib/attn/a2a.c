@@ -16,11 +16,6 @@ static int32_t slice_first(const cp_attn_plan *p, int kv, int member)
     return member * p->heads.hq;
 }
 
-static int sub_rank(const cp_attn_plan *p, int member)
-{
-    return p->ring_rank * p->a2a_size + member;
-}
-
 static cpi_lse block_l(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int member)
 {
     cpi_lse b = { NULL, p->s_loc, it->lse_h->heads, NULL };
@@ -36,36 +31,29 @@ size_t cpi_a2a_item_bytes(const cp_attn_plan *p, const cpi_a2a_item *it)
     return (size_t)p->desc.batch * (size_t)p->s_loc * (size_t)h->heads * (size_t)h->dim * cpi_dtype_size(h->dtype);
 }
 
-/* Member m's spans in its local order and the head-side row where each
- * starts (sorted token-set order); returns how many. */
-static int member_spans(const cp_attn_plan *p, int m, cpi_span spans[CPI_MAX_SPANS], int64_t rows[CPI_MAX_SPANS])
+/* The head-side row (sorted token-set order) where span i of member m's
+ * tokens (p->members[m], its local order) starts. */
+static int64_t head_row(const cp_attn_plan *p, int m, int i)
 {
-    const int n = cpi_layout_spans(p->desc.layout, p->cp_size, sub_rank(p, m), p->desc.seq_len, spans);
-    for (int i = 0; i < n; i++)
-        rows[i] = cpi_tokset_row(&p->sub[p->ring_rank], spans[i].offset);
-    return n;
+    return cpi_tokset_row(&p->sub[p->ring_rank], p->members[m].span[i].offset);
 }
 
 /* Copy the rows of member m's tokens between its block (local order) and the
  * [T, slice] side (sorted token-set order). to_block: direction. */
 static cp_status member_rows(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int m, int to_block)
 {
-    cpi_span spans[CPI_MAX_SPANS];
-    int64_t rows[CPI_MAX_SPANS];
-    const int n = member_spans(p, m, spans, rows);
-    int64_t local = 0;
-    for (int i = 0; i < n; i++) {
-        const int64_t row = rows[i];
+    const cpi_tokset *t = &p->members[m];
+    for (int i = 0; i < t->nspans; i++) {
+        const int64_t row = head_row(p, m, i), local = t->row[i], len = t->span[i].len;
         if (it->lse_h) {
             cpi_lse b = block_l(p, it, base, m);
-            CPI_TRY(to_block ? cpi_copy_lse(p, &b, local, 0, it->lse_h, row, 0, spans[i].len, b.heads)
-                             : cpi_copy_lse(p, it->lse_h, row, 0, &b, local, 0, spans[i].len, b.heads));
+            CPI_TRY(to_block ? cpi_copy_lse(p, &b, local, 0, it->lse_h, row, 0, len, b.heads)
+                             : cpi_copy_lse(p, it->lse_h, row, 0, &b, local, 0, len, b.heads));
         } else {
             cpi_tensor b = cpi_tensor_block(p, it->tensor_h, base, m);
-            CPI_TRY(to_block ? cpi_copy_tokens(p, &b, local, 0, it->tensor_h, row, 0, spans[i].len, b.heads)
-                             : cpi_copy_tokens(p, it->tensor_h, row, 0, &b, local, 0, spans[i].len, b.heads));
+            CPI_TRY(to_block ? cpi_copy_tokens(p, &b, local, 0, it->tensor_h, row, 0, len, b.heads)
+                             : cpi_copy_tokens(p, it->tensor_h, row, 0, &b, local, 0, len, b.heads));
         }
-        local += spans[i].len;
     }
     return CP_SUCCESS;
 }
@@ -97,17 +85,10 @@ static int blocks_are_rows(const cp_attn_plan *p, const cpi_a2a_item *it)
     if (it->lse_h || (p->desc.batch != 1 && p->desc.format != CP_FORMAT_SBHD) ||
         it->tensor_h->ntok != (int64_t)p->a2a_size * p->s_loc)
         return 0;
-    for (int m = 0; m < p->a2a_size; m++) {
-        cpi_span spans[CPI_MAX_SPANS];
-        int64_t rows[CPI_MAX_SPANS];
-        const int n = member_spans(p, m, spans, rows);
-        int64_t local = 0;
-        for (int i = 0; i < n; i++) {
-            if (rows[i] != (int64_t)m * p->s_loc + local)
+    for (int m = 0; m < p->a2a_size; m++)
+        for (int i = 0; i < p->members[m].nspans; i++)
+            if (head_row(p, m, i) != (int64_t)m * p->s_loc + p->members[m].row[i])
                 return 0;
-            local += spans[i].len;
-        }
-    }
     return 1;
 }
 
@@ -147,24 +128,23 @@ static int direct_plan(const cp_attn_plan *p, const cpi_a2a_item *it, direct *dp
     const size_t es = cpi_dtype_size(t->dtype);
     dp->width = (size_t)h->heads * (size_t)h->dim * es;
     dp->pitch = (size_t)t->heads * (size_t)t->dim * es;
-    cpi_span s0[CPI_MAX_SPANS], s1[CPI_MAX_SPANS];
-    int64_t r0[CPI_MAX_SPANS], r1[CPI_MAX_SPANS];
-    dp->n = member_spans(p, 0, s0, r0);
-    if (member_spans(p, 1, s1, r1) != dp->n)
+    /* one exchange per span: only for members of a few spans each, alike */
+    const cpi_tokset *t0 = &p->members[0];
+    dp->n = t0->nspans;
+    if (dp->n > CPI_MAX_SPANS || p->members[1].nspans != dp->n)
         return 0;
-    int64_t local = 0;
     for (int k = 0; k < dp->n; k++) {
-        dp->local[k] = local;
-        dp->len[k] = s0[k].len;
-        dp->first[k] = r0[k];
-        dp->step[k] = r1[k] - r0[k];
-        local += s0[k].len;
+        dp->local[k] = t0->row[k];
+        dp->len[k] = t0->span[k].len;
+        dp->first[k] = head_row(p, 0, k);
+        dp->step[k] = head_row(p, 1, k) - dp->first[k];
     }
     for (int m = 1; m < p->a2a_size; m++) {
-        if (member_spans(p, m, s1, r1) != dp->n)
+        if (p->members[m].nspans != dp->n)
             return 0;
         for (int k = 0; k < dp->n; k++)
-            if (s1[k].len != dp->len[k] || r1[k] != dp->first[k] + (int64_t)m * dp->step[k])
+            if (p->members[m].span[k].len != dp->len[k] || p->members[m].row[k] != dp->local[k] ||
+                head_row(p, m, k) != dp->first[k] + (int64_t)m * dp->step[k])
                 return 0;
     }
     return 1;

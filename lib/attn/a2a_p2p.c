@@ -69,6 +69,8 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     }
     CPI_TRY(cpi_init_partial(p, &o32, &lseh));
     CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, ws));
+    if (d->sinks) /* my head slice's sinks */
+        CPI_TRY(cpi_sinks_merge(p, &o32, &lseh, (p->rank % p->a2a_size) * hq, a->sinks));
     CPI_TRY(cpi_convert_tensor(p, &oh, &o32));
     if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_tokens(p, &io, send, recv, 0));

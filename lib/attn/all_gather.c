@@ -61,6 +61,8 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
                             .lse = &lse, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
         CPI_TRY(cpi_attend(p, &io, 0));
     }
+    if (d->sinks)
+        CPI_TRY(cpi_sinks_merge(p, &o32, &lse, 0, a->sinks));
     return cpi_convert_tensor(p, &out, &o32);
 }
 

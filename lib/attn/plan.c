@@ -10,6 +10,8 @@
 #include "attn/kernel.h"
 #include "attn/plan.h"
 #include "comm/agree.h"
+#include "core/context.h"
+#include "layout/pack.h"
 
 /* First published cp_attn_desc: everything up to `mode`. */
 #define DESC_V1_SIZE (offsetof(cp_attn_desc, mode) + sizeof(cp_mode))
@@ -72,6 +74,15 @@ static cp_status check_desc(const cp_attn_desc *d)
               d->softmax_scale, CPI_SOFTMAX_SCALE_MAX);
     CPI_CHECK(d->mode >= CP_MODE_ALL_GATHER && d->mode <= CP_MODE_A2A_P2P,
               "%s: desc->mode = %d (must be a cp_mode, 0..3)", f, (int)d->mode);
+    CPI_CHECK(d->layout == CP_LAYOUT_CONTIGUOUS || d->layout == CP_LAYOUT_ZIGZAG || d->layout == CP_LAYOUT_PACKED,
+              "%s: desc->layout = %d (must be a cp_layout, 0..2)", f, (int)d->layout);
+    CPI_CHECK(d->layout != CP_LAYOUT_PACKED || d->batch == 1,
+              "%s: desc->batch = %lld with CP_LAYOUT_PACKED (a packed row is one sample: batch must be 1)", f,
+              (long long)d->batch);
+    CPI_CHECK(d->window >= 0, "%s: desc->window = %lld (must be >= 0; 0 = none)", f, (long long)d->window);
+    CPI_CHECK(isfinite(d->softcap) && d->softcap >= 0, "%s: desc->softcap = %g (must be finite and >= 0; 0 = none)",
+              f, d->softcap);
+    CPI_CHECK(d->sinks == 0 || d->sinks == 1, "%s: desc->sinks = %d (must be 0 or 1)", f, d->sinks);
     /* the largest tensor any mode touches: batch x seq x heads x dim x 8 bytes */
     size_t n = 8;
     int32_t h = d->num_heads > d->num_kv_heads ? d->num_heads : d->num_kv_heads;
@@ -80,6 +91,33 @@ static cp_status check_desc(const cp_attn_desc *d)
                   cpi_mul(n, (size_t)h, &n) && cpi_mul(n, (size_t)dim, &n) && n <= (size_t)INT64_MAX,
               "%s: batch %lld x seq_len %lld x heads %d x head_dim %d overflows the address space", f,
               (long long)d->batch, (long long)d->seq_len, h, dim);
+    return CP_SUCCESS;
+}
+
+/* What API 1.1 asks of the context's backend: kernels that understand
+ * windows, softcaps and rectangles (cp_backend_ops.kernel_args_size), and,
+ * for sinks, host memory (sinks.c works on the host). */
+static cp_status check_backend(const cp_attn_plan *p)
+{
+    static const char *f = "cp_attn_plan_create";
+    const cp_attn_desc *d = &p->desc;
+    const cp_backend_ops *o = p->ctx->ops;
+    const size_t have = o->struct_size >= offsetof(cp_backend_ops, kernel_args_size) + sizeof(size_t)
+                            ? o->kernel_args_size
+                            : 0;
+    const bool v11 = have >= offsetof(cp_kernel_attn_args, num_rects) + sizeof(int64_t);
+    const char *what = d->layout == CP_LAYOUT_PACKED ? "desc->layout = CP_LAYOUT_PACKED"
+                       : d->window                   ? "desc->window"
+                       : d->softcap != 0             ? "desc->softcap"
+                                                     : NULL;
+    if (what && !v11)
+        return cpi_error(CP_ERROR_UNSUPPORTED,
+                         "%s: %s needs kernels with windows, softcaps and rectangles, which the %s backend "
+                         "does not have yet",
+                         f, what, p->ctx->device == CP_DEVICE_CPU ? "CPU" : "CUDA");
+    if (d->sinks && p->ctx->device != CP_DEVICE_CPU)
+        return cpi_error(CP_ERROR_UNSUPPORTED, "%s: desc->sinks = 1 is not supported by the %s backend yet", f,
+                         p->ctx->device == CP_DEVICE_CPU ? "CPU" : "CUDA");
     return CP_SUCCESS;
 }
 
@@ -108,7 +146,14 @@ static cp_status check_mode(cp_attn_plan *p)
     }
     p->heads.hq = d->num_heads / p->a2a_size;
     p->heads.hkv = d->num_kv_heads >= p->a2a_size ? d->num_kv_heads / p->a2a_size : 1;
-    return cpi_layout_check(f, d->layout, p->cp_size, p->rank, d->seq_len);
+    if (d->layout == CP_LAYOUT_PACKED) {
+        CPI_CHECK(d->seq_len % p->cp_size == 0,
+                  "%s: desc->seq_len = %lld with CP_LAYOUT_PACKED must be a multiple of the CP size %d", f,
+                  (long long)d->seq_len, p->cp_size);
+    } else {
+        CPI_TRY(cpi_layout_check(f, d->layout, p->cp_size, p->rank, d->seq_len));
+    }
+    return check_backend(p);
 }
 
 /* Collective: every rank learns whether all ranks passed the same
@@ -119,8 +164,9 @@ static cp_status agree(cp_group *g, const cp_attn_plan *p, cp_status local)
 {
     static const cp_attn_desc none;
     const cp_attn_desc *d = local == CP_SUCCESS ? &p->desc : &none;
-    uint64_t scale;
+    uint64_t scale, softcap;
     memcpy(&scale, &d->softmax_scale, sizeof scale);
+    memcpy(&softcap, &d->softcap, sizeof softcap);
     const cpi_agree_field fields[] = {
         { "desc->dtype", (uint64_t)d->dtype, false },
         { "desc->format", (uint64_t)d->format, false },
@@ -134,6 +180,9 @@ static cp_status agree(cp_group *g, const cp_attn_plan *p, cp_status local)
         { "desc->softmax_scale", scale, true },
         { "desc->layout", (uint64_t)d->layout, false },
         { "desc->mode", (uint64_t)d->mode, false },
+        { "desc->window", (uint64_t)d->window, false },
+        { "desc->softcap", softcap, true },
+        { "desc->sinks", (uint64_t)d->sinks, false },
     };
     const cpi_agree_call call = { .func = "cp_attn_plan_create",
                                   .ctx = g->ctx,
@@ -146,23 +195,72 @@ static cp_status agree(cp_group *g, const cp_attn_plan *p, cp_status local)
     return cpi_agree_open(&ag, &call, local);
 }
 
-static cp_status build_token_sets(cp_attn_plan *p)
+/* The spans of cp rank r in its local order: the pack's runs, or the
+ * layout's spans in buf (a packed plan without a pack sizes its workspace
+ * with contiguous spans: every pack holds as many tokens per rank). */
+static int rank_spans(const cp_attn_plan *p, const cp_pack *pk, int r, cpi_span buf[CPI_MAX_SPANS],
+                      const cpi_span **out)
 {
+    if (pk)
+        return cpi_pack_runs(pk, r, out);
+    const cp_layout l = p->desc.layout == CP_LAYOUT_PACKED ? CP_LAYOUT_CONTIGUOUS : p->desc.layout;
+    *out = buf;
+    return cpi_layout_spans(l, p->cp_size, r, p->desc.seq_len, buf);
+}
+
+static void free_token_sets(cp_attn_plan *p)
+{
+    for (int m = 0; p->sub && m < p->ring_size; m++)
+        cpi_tokset_free(&p->sub[m]);
+    for (int j = 0; p->members && j < p->a2a_size; j++)
+        cpi_tokset_free(&p->members[j]);
+    free(p->sub);
+    free(p->members);
+    free(p->drow_ready);
+    cpi_tokset_free(&p->mine);
+    p->sub = NULL;
+    p->members = NULL;
+    p->drow_ready = NULL;
+}
+
+static cp_status build_token_sets(cp_attn_plan *p, const cp_pack *pk)
+{
+    free_token_sets(p);
     p->sub = cpi_calloc((size_t)p->ring_size, sizeof *p->sub);
-    if (!p->sub)
+    p->members = cpi_calloc((size_t)p->a2a_size, sizeof *p->members);
+    if (!p->sub || !p->members)
         return CP_ERROR_OUT_OF_MEMORY;
-    for (int m = 0; m < p->ring_size; m++)
-        CPI_TRY(cpi_tokset_of_ranks(p->desc.layout, p->cp_size, p->desc.seq_len, m * p->a2a_size, p->a2a_size,
-                                    &p->sub[m]));
-    CPI_TRY(cpi_tokset_alloc(&p->mine, CPI_MAX_SPANS));
-    /* my own tokens in local order (what the caller's tensors hold) */
-    p->mine.nspans = cpi_layout_spans(p->desc.layout, p->cp_size, p->rank, p->desc.seq_len, p->mine.span);
-    int64_t row = 0;
-    for (int i = 0; i < p->mine.nspans; i++) {
-        p->mine.row[i] = row;
-        row += p->mine.span[i].len;
+    cpi_span buf[CPI_MAX_SPANS];
+    const cpi_span *sp;
+    int most = 0; /* spans of the largest sub-group */
+    for (int m = 0; m < p->ring_size; m++) {
+        int n = 0;
+        for (int r = m * p->a2a_size; r < (m + 1) * p->a2a_size; r++)
+            n += rank_spans(p, pk, r, buf, &sp);
+        most = n > most ? n : most;
     }
-    p->mine.ntok = row;
+    cpi_span *all = cpi_calloc((size_t)(most > 0 ? most : 1), sizeof *all);
+    if (!all)
+        return CP_ERROR_OUT_OF_MEMORY;
+    cp_status s = CP_SUCCESS;
+    for (int m = 0; m < p->ring_size && s == CP_SUCCESS; m++) {
+        int n = 0;
+        for (int r = m * p->a2a_size; r < (m + 1) * p->a2a_size; r++) {
+            const int k = rank_spans(p, pk, r, buf, &sp);
+            memcpy(all + n, sp, (size_t)k * sizeof *sp);
+            n += k;
+        }
+        s = cpi_tokset_sorted(all, n, &p->sub[m]);
+    }
+    free(all);
+    CPI_TRY(s);
+    for (int j = 0; j < p->a2a_size; j++) {
+        const int n = rank_spans(p, pk, p->ring_rank * p->a2a_size + j, buf, &sp);
+        CPI_TRY(cpi_tokset_local(sp, n, &p->members[j]));
+    }
+    /* my own tokens in local order (what the caller's tensors hold) */
+    const int n = rank_spans(p, pk, p->rank, buf, &sp);
+    CPI_TRY(cpi_tokset_local(sp, n, &p->mine));
     /* cpi_attend may put a whole token set in one kernel call */
     p->max_rows = p->mine.ntok;
     int spans = p->mine.nspans;
@@ -176,7 +274,24 @@ static cp_status build_token_sets(cp_attn_plan *p)
      * stay on the heap while it waits in the transport, where a rank can
      * be lost for good. */
     p->drow_ready = cpi_calloc((size_t)spans, 1);
-    return p->drow_ready ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY;
+    if (!p->drow_ready)
+        return CP_ERROR_OUT_OF_MEMORY;
+    p->vis.cu = pk ? pk->cu : p->one_doc;
+    p->vis.ndocs = pk ? pk->num_seqs : 1;
+    p->bound = pk ? pk->id : 0;
+    return CP_SUCCESS;
+}
+
+cp_status cpi_plan_bind(cp_attn_plan *p, const cp_pack *pk)
+{
+    if ((pk ? pk->id : 0) == p->bound && p->sub)
+        return CP_SUCCESS;
+    cp_status s = build_token_sets(p, pk);
+    if (s != CP_SUCCESS) {
+        free_token_sets(p); /* the next call builds them again */
+        p->bound = UINT64_MAX;
+    }
+    return s;
 }
 
 /* One call of a mode: a forward's arguments or a backward's (the other
@@ -219,11 +334,7 @@ static void plan_free(cp_attn_plan *p)
 {
     if (!p)
         return;
-    for (int m = 0; p->sub && m < p->ring_size; m++)
-        cpi_tokset_free(&p->sub[m]);
-    free(p->sub);
-    free(p->drow_ready);
-    cpi_tokset_free(&p->mine);
+    free_token_sets(p);
     if (p->own_ws)
         p->ctx->ops->free(p->ctx->state, p->own_ws);
     free(p);
@@ -267,7 +378,10 @@ CP_EXPORT cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, c
         p->ring_rank = p->rank / p->a2a_size;
         p->a2a_comm = p->a2a_size == 1 ? NULL : p->a2a_size == p->cp_size ? g->comm : g->a2a;
         p->ring_comm = p->ring_size == 1 ? NULL : p->ring_size == p->cp_size ? g->comm : g->p2p;
-        s = build_token_sets(p);
+        p->rects = p->desc.window || p->desc.softcap != 0 || p->desc.layout == CP_LAYOUT_PACKED;
+        p->one_doc[1] = p->desc.seq_len;
+        p->vis = (cpi_vis){ .causal = p->desc.mask == CP_MASK_CAUSAL, .window = p->desc.window };
+        s = build_token_sets(p, NULL);
     }
     if (s == CP_SUCCESS)
         s = measure(p, 0, &p->ws_fwd);
@@ -361,31 +475,108 @@ static int first_exchanges(const cp_attn_plan *p, cp_comm **first)
 
 /* A forward or backward with this rank's verdict on its arguments: every
  * rank takes part in the agreement, so that a bad argument on one rank
- * fails them all at once, and the same exchanges happen everywhere. */
+ * fails them all at once, and the same exchanges happen everywhere. With a
+ * pack the ranks also compare their packs, which takes a vote. */
 static cp_status run_call(cp_attn_plan *p, const char *func, cp_status local, const mode_call *mc,
-                          cpi_arena *ws)
+                          cpi_arena *ws, const cp_pack *pk)
 {
     cpi_agree_call call = { .func = func, .ctx = p->ctx, .comm = p->group->comm, .timeout_ms = p->group->cfg.timeout_ms,
                             .stream_only = true };
-    call.nfirst = first_exchanges(p, call.first);
     cpi_agreement ag;
+    if (local == CP_SUCCESS)
+        local = cpi_plan_bind(p, pk);
+    if (p->desc.layout == CP_LAYOUT_PACKED) {
+        const cpi_agree_field fields[] = { { "x->pack", local == CP_SUCCESS ? pk->hash : 0, false } };
+        call.fields = fields;
+        call.nfields = 1;
+        call.what = "packs";
+        CPI_TRY(cpi_agree_open(&ag, &call, local));
+        return run_mode(p, mc, ws);
+    }
+    call.nfirst = first_exchanges(p, call.first);
     CPI_TRY(cpi_agree_open(&ag, &call, local));
     return cpi_agree_close(&ag, run_mode(p, mc, ws));
+}
+
+/* The API 1.1 arguments against the plan; x receives them filled in. */
+static cp_status check_args(const cp_attn_plan *p, const char *func, const cp_attn_args *user, int backward,
+                            cp_attn_args *x)
+{
+    static const cp_attn_args defaults = CP_ATTN_ARGS_INIT;
+    *x = defaults;
+    if (user)
+        CPI_TRY(cpi_copy_config(x, sizeof *x, &defaults, user, sizeof *x, func, "x"));
+    const cp_attn_desc *d = &p->desc;
+    const cp_pack *pk = x->pack;
+    if (d->layout == CP_LAYOUT_PACKED) {
+        CPI_CHECK(pk, "%s: x->pack is NULL (the plan's layout is CP_LAYOUT_PACKED)", func);
+        CPI_CHECK(pk->cp_size == p->cp_size, "%s: x->pack was made for cp_size %d, the plan's group has %d ranks",
+                  func, pk->cp_size, p->cp_size);
+        CPI_CHECK(pk->T == d->seq_len, "%s: x->pack holds %lld tokens, the plan's seq_len is %lld", func,
+                  (long long)pk->T, (long long)d->seq_len);
+    } else {
+        CPI_CHECK(!pk, "%s: x->pack is set but the plan's layout is %d, not CP_LAYOUT_PACKED", func, (int)d->layout);
+    }
+    if (d->sinks) {
+        CPI_CHECK(x->sinks, "%s: x->sinks is NULL (the plan has desc->sinks = 1)", func);
+        CPI_CHECK((uintptr_t)x->sinks % sizeof(float) == 0, "%s: x->sinks = %p is not aligned to 4 bytes", func,
+                  (const void *)x->sinks);
+        CPI_CHECK(!backward || x->dsinks, "%s: x->dsinks is NULL (the plan has desc->sinks = 1)", func);
+        CPI_CHECK((uintptr_t)x->dsinks % sizeof(float) == 0, "%s: x->dsinks = %p is not aligned to 4 bytes", func,
+                  (void *)x->dsinks);
+    } else {
+        CPI_CHECK(!x->sinks, "%s: x->sinks is set but the plan has desc->sinks = 0", func);
+        CPI_CHECK(!x->dsinks, "%s: x->dsinks is set but the plan has desc->sinks = 0", func);
+    }
+    return CP_SUCCESS;
+}
+
+static cp_status forward(cp_attn_plan *p, const char *func, const void *q, const void *k, const void *v, void *out,
+                         float *lse, const cp_attn_args *user)
+{
+    const size_t es = cpi_dtype_size(p->desc.dtype);
+    const tensor_arg t[] = { { "q", q, es }, { "k", k, es }, { "v", v, es }, { "out", out, es },
+                             { "lse", lse, sizeof(float) } };
+    cpi_arena a;
+    cp_attn_args x;
+    cp_status local = check_args(p, func, user, 0, &x);
+    if (local == CP_SUCCESS)
+        local = check_tensors(func, t, sizeof t / sizeof t[0]);
+    if (local == CP_SUCCESS)
+        local = workspace(p, x.workspace, x.workspace_bytes, p->ws_fwd, func, &a);
+    const cpi_fwd_args args = { q, k, v, out, lse, x.sinks };
+    return run_call(p, func, local, &(mode_call){ .fwd = &args }, &a, local == CP_SUCCESS ? x.pack : NULL);
+}
+
+static cp_status backward(cp_attn_plan *p, const char *func, const void *q, const void *k, const void *v,
+                          const void *out, const float *lse, const void *dout, void *dq, void *dk, void *dv,
+                          const cp_attn_args *user)
+{
+    const size_t es = cpi_dtype_size(p->desc.dtype);
+    const tensor_arg t[] = { { "q", q, es },     { "k", k, es },   { "v", v, es },
+                             { "out", out, es }, { "lse", lse, sizeof(float) }, { "dout", dout, es },
+                             { "dq", dq, es },   { "dk", dk, es }, { "dv", dv, es } };
+    cpi_arena a;
+    cp_attn_args x;
+    cp_status local = check_args(p, func, user, 1, &x);
+    if (local == CP_SUCCESS)
+        local = check_tensors(func, t, sizeof t / sizeof t[0]);
+    if (local == CP_SUCCESS)
+        local = workspace(p, x.workspace, x.workspace_bytes, p->ws_bwd, func, &a);
+    const cpi_bwd_args args = { q, k, v, out, dout, lse, dq, dk, dv };
+    CPI_TRY(run_call(p, func, local, &(mode_call){ .bwd = &args }, &a, local == CP_SUCCESS ? x.pack : NULL));
+    /* the sinks' gradient needs only this rank's rows */
+    return p->desc.sinks ? cpi_sinks_grad(p, out, dout, lse, x.sinks, x.dsinks) : CP_SUCCESS;
 }
 
 CP_EXPORT cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
                                     float *lse, void *workspace_ptr, size_t workspace_bytes)
 {
     CPI_CHECK_PTR(p);
-    const size_t es = cpi_dtype_size(p->desc.dtype);
-    const tensor_arg t[] = { { "q", q, es }, { "k", k, es }, { "v", v, es }, { "out", out, es },
-                             { "lse", lse, sizeof(float) } };
-    cpi_arena a;
-    cp_status local = check_tensors(__func__, t, sizeof t / sizeof t[0]);
-    if (local == CP_SUCCESS)
-        local = workspace(p, workspace_ptr, workspace_bytes, p->ws_fwd, __func__, &a);
-    const cpi_fwd_args args = { q, k, v, out, lse };
-    return run_call(p, __func__, local, &(mode_call){ .fwd = &args }, &a);
+    cp_attn_args x = CP_ATTN_ARGS_INIT;
+    x.workspace = workspace_ptr;
+    x.workspace_bytes = workspace_bytes;
+    return forward(p, __func__, q, k, v, out, lse, &x);
 }
 
 CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void *k, const void *v,
@@ -393,16 +584,25 @@ CP_EXPORT cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void 
                                      void *dv, void *workspace_ptr, size_t workspace_bytes)
 {
     CPI_CHECK_PTR(p);
-    const size_t es = cpi_dtype_size(p->desc.dtype);
-    const tensor_arg t[] = { { "q", q, es },     { "k", k, es },   { "v", v, es },
-                             { "out", out, es }, { "lse", lse, sizeof(float) }, { "dout", dout, es },
-                             { "dq", dq, es },   { "dk", dk, es }, { "dv", dv, es } };
-    cpi_arena a;
-    cp_status local = check_tensors(__func__, t, sizeof t / sizeof t[0]);
-    if (local == CP_SUCCESS)
-        local = workspace(p, workspace_ptr, workspace_bytes, p->ws_bwd, __func__, &a);
-    const cpi_bwd_args args = { q, k, v, out, dout, lse, dq, dk, dv };
-    return run_call(p, __func__, local, &(mode_call){ .bwd = &args }, &a);
+    cp_attn_args x = CP_ATTN_ARGS_INIT;
+    x.workspace = workspace_ptr;
+    x.workspace_bytes = workspace_bytes;
+    return backward(p, __func__, q, k, v, out, lse, dout, dq, dk, dv, &x);
+}
+
+CP_EXPORT cp_status cp_attn_forward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
+                                       float *lse, const cp_attn_args *x)
+{
+    CPI_CHECK_PTR(p);
+    return forward(p, __func__, q, k, v, out, lse, x);
+}
+
+CP_EXPORT cp_status cp_attn_backward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v,
+                                        const void *out, const float *lse, const void *dout, void *dq, void *dk,
+                                        void *dv, const cp_attn_args *x)
+{
+    CPI_CHECK_PTR(p);
+    return backward(p, __func__, q, k, v, out, lse, dout, dq, dk, dv, x);
 }
 
 CP_EXPORT void cp_attn_plan_destroy(cp_attn_plan *p)
@@ -410,17 +610,3 @@ CP_EXPORT void cp_attn_plan_destroy(cp_attn_plan *p)
     plan_free(p);
 }
 
-CP_EXPORT cp_status cp_attn_forward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
-                                       float *lse, const cp_attn_args *x)
-{
-    (void)p; (void)q; (void)k; (void)v; (void)out; (void)lse; (void)x;
-    return cpi_error(CP_ERROR_UNSUPPORTED, "%s: not yet", __func__);
-}
-
-CP_EXPORT cp_status cp_attn_backward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v,
-                                        const void *out, const float *lse, const void *dout, void *dq, void *dk,
-                                        void *dv, const cp_attn_args *x)
-{
-    (void)p; (void)q; (void)k; (void)v; (void)out; (void)lse; (void)dout; (void)dq; (void)dk; (void)dv; (void)x;
-    return cpi_error(CP_ERROR_UNSUPPORTED, "%s: not yet", __func__);
-}

@@ -8,6 +8,7 @@
 
 #include "attn/tensor.h"
 #include "attn/tokset.h"
+#include "attn/vis.h"
 #include "comm/group.h"
 
 /* Head slices of an a2a exchange: member j of the a2a sub-group owns query
@@ -41,6 +42,15 @@ struct cp_attn_plan {
     cpi_heads heads;     /* after the a2a exchange */
     int64_t max_rows;    /* rows of the largest token set (kernel scratch) */
     unsigned char *drow_ready; /* backward: cpi_attend_io.drow_ready, one flag per span of the largest token set */
+    /* API 1.1. With a window, a softcap or a packed layout every attention
+     * goes through rectangles (vis.h) in one kernel call per token-set
+     * pair; the token sets of a packed layout come from the pack of the
+     * call (cpi_plan_bind), those of the others from the layout. */
+    bool rects;          /* attend through rectangles */
+    cpi_vis vis;         /* the mask, window and documents */
+    int64_t one_doc[2];  /* {0, seq_len}: a non-packed sequence is one document */
+    cpi_tokset *members; /* a2a_size: the tokens of my sub-group's members, each in its local order */
+    uint64_t bound;      /* id of the pack the token sets were built for; 0: the layout's */
     size_t ws_fwd, ws_bwd;
     void *own_ws;        /* allocated on demand when the caller passes none */
     size_t own_ws_bytes;
@@ -72,6 +82,19 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_attend_io *io, int backwar
 cp_status cpi_attend_scratch(const cp_attn_plan *p, int64_t max_q, int64_t max_k, int32_t hq, int32_t hkv,
                              int backward, size_t *bytes);
 
+/* Build the token sets of a call with pack pk (NULL: the layout's); a no-op
+ * when they are those already. */
+cp_status cpi_plan_bind(cp_attn_plan *p, const cp_pack *pk);
+
+/* Sinks (CPU contexts; plan.c refuses them elsewhere). Forward: merge the
+ * sink of heads [h0, h0 + o32->heads) into the final (o32, lse) of a mode,
+ * as a block of no value and LSE sink[h]. Backward: dsinks[h] = -sum over my
+ * rows of exp(sink[h] - lse) rowsum(dout * out) (sinks.c). */
+cp_status cpi_sinks_merge(const cp_attn_plan *p, const cpi_tensor *o32, const cpi_lse *lse, int32_t h0,
+                          const float *sinks);
+cp_status cpi_sinks_grad(const cp_attn_plan *p, const void *out, const void *dout, const float *lse,
+                         const float *sinks, float *dsinks);
+
 /* The modes' entry points, the caller's tensors as they came. `ws` is the
  * caller's workspace (size checked); while ws->measuring they only count
  * the workspace, and the tensors may be NULL. */
@@ -79,6 +102,7 @@ typedef struct cpi_fwd_args {
     const void *q, *k, *v;
     void *out;
     float *lse;
+    const float *sinks; /* desc.sinks: [num_heads] */
 } cpi_fwd_args;
 typedef struct cpi_bwd_args {
     const void *q, *k, *v, *out, *dout;

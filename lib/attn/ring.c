@@ -78,6 +78,7 @@ static cpi_ring ring_of(const cp_attn_plan *p)
                        .member = p->ring_rank,
                        .sub = p->sub,
                        .causal = p->desc.mask == CP_MASK_CAUSAL,
+                       .vis = p->rects ? &p->vis : NULL,
                        .rows_contiguous = p->desc.batch == 1 || p->desc.format == CP_FORMAT_SBHD };
 }
 
@@ -98,7 +99,14 @@ static cpi_rows rows_seen(const cpi_ring *r, int qm, int kb)
 {
     const cpi_tokset *tq = &r->sub[qm], *tk = &r->sub[kb];
     cpi_rows seen_rows = { 0, 0 };
-    for (int j = 0; j < tk->nspans; j++) {
+    for (int j = 0; r->vis && j < tk->nspans; j++) {
+        int64_t lo, hi;
+        cpi_vis_seen(r->vis, tq, tk->span[j], &lo, &hi);
+        if (lo < hi)
+            seen_rows = rows_cover(seen_rows, (cpi_rows){ tk->row[j] + (lo - tk->span[j].offset),
+                                                          tk->row[j] + (hi - tk->span[j].offset) });
+    }
+    for (int j = 0; !r->vis && j < tk->nspans; j++) {
         const cpi_span k = tk->span[j];
         bool seen = !r->causal;
         for (int i = 0; i < tq->nspans && !seen; i++)
@@ -117,6 +125,38 @@ cpi_rows cpi_ring_rows_seen_by(const cpi_ring *r, int block, int first, int coun
     if (!cpi_rows_empty(seen) && !r->rows_contiguous)
         seen = (cpi_rows){ 0, r->sub[block].ntok };
     return seen;
+}
+
+/* The same ring seen by member m. */
+static cpi_ring as_member(const cpi_ring *r, int m)
+{
+    cpi_ring o = *r;
+    o.member = m;
+    return o;
+}
+
+bool cpi_ring_fwd_idle(const cpi_ring *r, int step)
+{
+    for (int m = 0; m < r->size; m++) {
+        const cpi_ring o = as_member(r, m);
+        if (!cpi_rows_empty(cpi_ring_fwd_kv_in(&o, step)) || !cpi_rows_empty(cpi_ring_fwd_kv_out(&o, step)))
+            return false;
+    }
+    return true;
+}
+
+bool cpi_ring_bwd_idle(const cpi_ring *r, int step, int kv)
+{
+    for (int m = 0; m < r->size; m++) {
+        const cpi_ring o = as_member(r, m);
+        const bool busy = kv ? !cpi_rows_empty(cpi_ring_bwd_kv_in(&o, step)) ||
+                                   !cpi_rows_empty(cpi_ring_bwd_kv_out(&o, step))
+                             : !cpi_rows_empty(cpi_ring_bwd_acc_want(&o, step)) ||
+                                   !cpi_rows_empty(cpi_ring_bwd_acc_have(&o, step + 1));
+        if (busy)
+            return false;
+    }
+    return true;
 }
 
 /* Rows r of t as a tensor of their own (r within t, and one byte range of
@@ -274,11 +314,13 @@ cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tenso
              * compute */
             const int nx = step & 1;
             const cpi_rows out = cpi_ring_fwd_kv_out(&r, step + 1), in = cpi_ring_fwd_kv_in(&r, step + 1);
-            TRY(rs_select(&rs, STREAM_COMM));
-            TRY(rs_wait(&rs, done_before));
-            TRY(shift(p, &r, -1, ck, out, &b.k[nx], in));
-            TRY(shift(p, &r, -1, cv, out, &b.v[nx], in));
-            TRY(rs_mark(&rs, &arrived));
+            if (!r.vis || !cpi_ring_fwd_idle(&r, step + 1)) {
+                TRY(rs_select(&rs, STREAM_COMM));
+                TRY(rs_wait(&rs, done_before));
+                TRY(shift(p, &r, -1, ck, out, &b.k[nx], in));
+                TRY(shift(p, &r, -1, cv, out, &b.v[nx], in));
+                TRY(rs_mark(&rs, &arrived));
+            }
             ck = &b.k[nx];
             cv = &b.v[nx];
         }
@@ -315,7 +357,7 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
     if (s != CP_SUCCESS)
         goto end;
     /* the first keys and values travel while the sums are cleared */
-    if (R > 1) {
+    if (R > 1 && (!r.vis || !cpi_ring_bwd_idle(&r, 0, 1))) {
         const cpi_rows out = cpi_ring_bwd_kv_out(&r, 0), in = cpi_ring_bwd_kv_in(&r, 0);
         TRY(rs_select(&rs, STREAM_COMM));
         TRY(shift(p, &r, 1, k, out, &b.k[0], in));
@@ -347,7 +389,7 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         if (own)
             break;
         TRY(rs_select(&rs, STREAM_COMM));
-        if (step + 1 < R - 1) {
+        if (step + 1 < R - 1 && (!r.vis || !cpi_ring_bwd_idle(&r, step + 1, 1))) {
             /* the next keys and values travel while this step computes,
              * into the buffer the previous step read */
             const int nx = (step + 1) & 1;
@@ -362,10 +404,12 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
          * last hop: those of every other member, in dk32 / dv32) */
         const cpi_tensor *ndk = cdk == dk32 ? &b.dk : dk32, *ndv = cdv == dv32 ? &b.dv : dv32;
         const cpi_rows in = cpi_ring_bwd_acc_have(&r, step + 1);
-        TRY(rs_wait(&rs, done));
-        TRY(shift(p, &r, 1, cdk, want, ndk, in));
-        TRY(shift(p, &r, 1, cdv, want, ndv, in));
-        TRY(rs_mark(&rs, &acc_here));
+        if (!r.vis || !cpi_ring_bwd_idle(&r, step, 0)) {
+            TRY(rs_wait(&rs, done));
+            TRY(shift(p, &r, 1, cdk, want, ndk, in));
+            TRY(shift(p, &r, 1, cdv, want, ndv, in));
+            TRY(rs_mark(&rs, &acc_here));
+        }
         cdk = ndk;
         cdv = ndv;
         done_before = done;

@@ -10,6 +10,7 @@
 
 #include "attn/tensor.h"
 #include "attn/tokset.h"
+#include "attn/vis.h"
 
 /* The ring as its geometry sees it: members 0 .. size - 1, member i holding
  * the queries of token set sub[i], and the key / value block of the same
@@ -19,6 +20,7 @@ typedef struct cpi_ring {
     int member;            /* this member: m */
     const cpi_tokset *sub; /* size token sets */
     bool causal;           /* the causal mask hides keys */
+    const cpi_vis *vis;    /* API 1.1 (windows, documents): what hides keys instead; NULL: causal alone */
     bool rows_contiguous;  /* a row range of a block is one byte range of its buffers (batch 1, or SBHD) */
 } cpi_ring;
 
@@ -103,6 +105,12 @@ static inline cpi_rows cpi_ring_bwd_acc_want(const cpi_ring *r, int step)
         return (cpi_rows){ 0, r->sub[block].ntok };
     return cpi_ring_rows_seen_by(r, block, block + 1, step + 1, 1);
 }
+
+/* Whether no member sends or receives anything in the forward hop before
+ * step `step`, or the backward's key / value hop before it (kv = 1) or
+ * accumulator hop after it (kv = 0): then every member skips it. */
+bool cpi_ring_fwd_idle(const cpi_ring *r, int step);
+bool cpi_ring_bwd_idle(const cpi_ring *r, int step, int kv);
 
 /* The ring's steps over p->ring_comm, this rank being member
  * p->ring_rank of p->ring_size: the queries are the rows of the member's

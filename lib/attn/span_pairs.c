@@ -39,6 +39,8 @@ static void base_args(const cp_attn_plan *p, const cpi_attend_io *io, cp_kernel_
     a->head_dim_v = p->desc.head_dim_v;
     a->mask = p->desc.mask;
     a->softmax_scale = p->desc.softmax_scale;
+    a->window = p->desc.window;
+    a->softcap = p->desc.softcap;
     a->workspace = io->scratch;
     a->workspace_bytes = io->scratch_bytes;
 }
@@ -144,11 +146,41 @@ static int causal_over_rows(const cp_attn_plan *p, const cpi_tokset *tq, const c
  * the launches and half the passes over the running output or gradient).
  * Diagonal pairs go one by one, with the causal mask.
  */
+/*
+ * API 1.1: the whole block in one call, as rectangles (vis.h): one per
+ * (query span, key span, document) whose pairs the mask and window do not
+ * all hide. A block with none makes no call.
+ */
+static cp_status attend_rects(const cp_attn_plan *p, const cpi_attend_io *io, cp_kernel_attn_args *a, int backward)
+{
+    const cpi_tokset *tq = io->tq, *tk = io->tk;
+    cp_attn_rect *rects;
+    int64_t n;
+    CPI_TRY(cpi_vis_rects(&p->vis, tq, tk, &rects, &n));
+    cp_status s = CP_SUCCESS;
+    if (n) {
+        a->rects = rects;
+        a->num_rects = n;
+        /* call_spans with every span: rows from the buffers' first */
+        const int track = backward && io->drow;
+        a->drow_ready = track;
+        for (int i = 0; track && i < tq->nspans; i++)
+            a->drow_ready &= io->drow_ready[i];
+        s = call(p, io, a, 0, tq->ntok, 0, 0, tk->ntok, 0, p->desc.mask, backward);
+        for (int i = 0; track && s == CP_SUCCESS && i < tq->nspans; i++)
+            io->drow_ready[i] = 1;
+    }
+    free(rects);
+    return s;
+}
+
 cp_status cpi_attend(const cp_attn_plan *p, const cpi_attend_io *io, int backward)
 {
     const cpi_tokset *tq = io->tq, *tk = io->tk;
     cp_kernel_attn_args a;
     base_args(p, io, &a);
+    if (p->rects)
+        return attend_rects(p, io, &a, backward);
     if (causal_over_rows(p, tq, tk)) { /* equal spans: equal offsets too */
         int64_t n = 0;
         for (int i = 0; i < tq->nspans; i++)

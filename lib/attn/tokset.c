@@ -30,13 +30,10 @@ static int span_cmp(const void *a, const void *b)
     return (x->offset > y->offset) - (x->offset < y->offset);
 }
 
-cp_status cpi_tokset_of_ranks(cp_layout layout, int cp_size, int64_t seq_len, int first, int count,
-                              cpi_tokset *out)
+cp_status cpi_tokset_sorted(const cpi_span *spans, int n, cpi_tokset *out)
 {
-    CPI_TRY(cpi_tokset_alloc(out, count * CPI_MAX_SPANS));
-    int n = 0;
-    for (int r = first; r < first + count; r++)
-        n += cpi_layout_spans(layout, cp_size, r, seq_len, out->span + n);
+    CPI_TRY(cpi_tokset_alloc(out, n > 0 ? n : 1));
+    memcpy(out->span, spans, (size_t)n * sizeof *spans);
     qsort(out->span, (size_t)n, sizeof *out->span, span_cmp);
     int m = 0;
     int64_t row = 0;
@@ -53,6 +50,34 @@ cp_status cpi_tokset_of_ranks(cp_layout layout, int cp_size, int64_t seq_len, in
     out->nspans = m;
     out->ntok = row;
     return CP_SUCCESS;
+}
+
+cp_status cpi_tokset_local(const cpi_span *spans, int n, cpi_tokset *out)
+{
+    CPI_TRY(cpi_tokset_alloc(out, n > 0 ? n : 1));
+    int64_t row = 0;
+    for (int i = 0; i < n; i++) {
+        out->span[i] = spans[i];
+        out->row[i] = row;
+        row += spans[i].len;
+    }
+    out->nspans = n;
+    out->ntok = row;
+    return CP_SUCCESS;
+}
+
+cp_status cpi_tokset_of_ranks(cp_layout layout, int cp_size, int64_t seq_len, int first, int count,
+                              cpi_tokset *out)
+{
+    cpi_span *spans = cpi_calloc((size_t)count * CPI_MAX_SPANS, sizeof *spans);
+    if (!spans)
+        return CP_ERROR_OUT_OF_MEMORY;
+    int n = 0;
+    for (int r = first; r < first + count; r++)
+        n += cpi_layout_spans(layout, cp_size, r, seq_len, spans + n);
+    cp_status s = cpi_tokset_sorted(spans, n, out);
+    free(spans);
+    return s;
 }
 
 int64_t cpi_tokset_row(const cpi_tokset *t, int64_t pos)

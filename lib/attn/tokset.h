@@ -23,6 +23,12 @@ void cpi_tokset_free(cpi_tokset *t);
  * arguments must have passed cpi_layout_check. */
 cp_status cpi_tokset_of_ranks(cp_layout layout, int cp_size, int64_t seq_len, int first, int count,
                               cpi_tokset *out);
+/* The token set of n spans: sorted by position, adjacent spans merged, rows
+ * in that order (what a gathered buffer holds). */
+cp_status cpi_tokset_sorted(const cpi_span *spans, int n, cpi_tokset *out);
+/* The token set of n spans as given (what a rank's own buffers hold, in
+ * its local order), rows one after the other. */
+cp_status cpi_tokset_local(const cpi_span *spans, int n, cpi_tokset *out);
 /* Row in t where global position pos lives (pos must be in t). */
 int64_t cpi_tokset_row(const cpi_tokset *t, int64_t pos);
 
