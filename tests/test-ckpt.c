@@ -965,10 +965,11 @@ static setup variant(int i)
     case 19: s.head_dim_v = 0, s.head_dim = 64; break;                 /* v dim stays 64 */
     case 20: s.mode = CP_MODE_ALL_GATHER, s.layout = CP_LAYOUT_CONTIGUOUS, s.seq_len = 1024; break;
     case 21: s.world = 64, s.dp = 8, s.tp = 2, s.mode = CP_MODE_A2A; break;
+    case 22: s.layout = CP_LAYOUT_PACKED; break;                        /* API 1.1: packed documents */
     }
     return s;
 }
-#define NUM_VARIANTS 22
+#define NUM_VARIANTS 23
 
 static void test_verdicts(void **state)
 {

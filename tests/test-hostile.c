@@ -1247,7 +1247,7 @@ static void row_ckpt_meta_create(void **state)
         INT_CASE(T, head_dim, -1, E, "d->head_dim = -1"),
         INT_CASE(T, head_dim_v, -1, E, "d->head_dim_v = -1"),
         INT_CASE(T, mask, 2, E, "d->mask = 2"),
-        INT_CASE(T, layout, 2, E, "d->layout = 2"),
+        INT_CASE(T, layout, 3, E, "d->layout = 3"),
         INT_CASE(T, mode, 4, E, "d->mode = 4"),
         INT_CASE(T, mode, INT_MIN, E, "d->mode = -2147483648"),
     };
