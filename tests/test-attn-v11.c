@@ -26,6 +26,7 @@
 
 #include <infinicp/infinicp.h>
 
+#include "attn/ring.h"
 #include "attn_model.h"
 #include "cpref.h"
 #include "world.h"
@@ -612,11 +613,72 @@ static void test_pack_mismatch(void **state)
     }
 }
 
+/* Ring geometry under API 1.1 (ring.h with vis.h): what the hops carry. */
+static int64_t fwd_rows(cpi_ring *r, int *busy_hops)
+{
+    int64_t rows = 0;
+    *busy_hops = 0;
+    for (int step = 1; step < r->size; step++) {
+        *busy_hops += !cpi_ring_fwd_idle(r, step);
+        for (int m = 0; m < r->size; m++) {
+            cpi_ring o = *r;
+            o.member = m;
+            const cpi_rows in = cpi_ring_fwd_kv_in(&o, step);
+            rows += cpi_rows_empty(in) ? 0 : in.hi - in.lo;
+        }
+    }
+    return rows;
+}
+
+static void test_ring_geometry(void **state)
+{
+    (void)state;
+    enum { R = 4, SL = 16 };
+    cpi_tokset sub[R];
+    for (int m = 0; m < R; m++) {
+        cpi_span sp = { m * SL, SL };
+        assert_int_equal(cpi_tokset_local(&sp, 1, &sub[m]), CP_SUCCESS);
+    }
+    /* documents on the rank boundaries: nothing ever travels */
+    const int64_t cu_local[] = { 0, 5, 16, 32, 40, 48, 64 };
+    cpi_vis v = { .causal = true, .cu = cu_local, .ndocs = 6 };
+    cpi_ring r = { .size = R, .sub = sub, .causal = true, .vis = &v, .rows_contiguous = true };
+    int busy;
+    assert_int_equal(fwd_rows(&r, &busy), 0);
+    assert_int_equal(busy, 0);
+    for (int step = 0; step < R; step++)
+        for (int m = 0; m < R; m++) {
+            cpi_ring o = r;
+            o.member = m;
+            assert_true(cpi_ring_bwd_idle(&o, step, 1));
+            if (step < R - 1)
+                assert_true(cpi_ring_bwd_idle(&o, step, 0));
+        }
+    /* one document across the ranks, window 3 <= a rank's share: a block is
+     * seen by the next rank only, its last 2 rows; in the direction the
+     * plan picks that is one busy hop, R - 1 blocks of 2 rows */
+    const int64_t cu_one[] = { 0, R * SL };
+    v = (cpi_vis){ .causal = true, .window = 3, .cu = cu_one, .ndocs = 1 };
+    r.fwd_dir = cpi_ring_pick_fwd_dir(&r);
+    assert_int_equal(r.fwd_dir, -1);
+    assert_int_equal(fwd_rows(&r, &busy), (R - 1) * 2);
+    assert_int_equal(busy, 1);
+    r.fwd_dir = 1; /* the other way every hop carries them */
+    assert_int_equal(fwd_rows(&r, &busy), (R - 1) * (R - 1) * 2);
+    /* without a window the causal contiguous ring needs everything earlier */
+    v.window = 0;
+    r.fwd_dir = cpi_ring_pick_fwd_dir(&r);
+    assert_true(fwd_rows(&r, &busy) > 0);
+    for (int m = 0; m < R; m++)
+        cpi_tokset_free(&sub[m]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed),      cmocka_unit_test(test_doc_zigzag), cmocka_unit_test(test_dense),
         cmocka_unit_test(test_large_p),     cmocka_unit_test(test_pack_mismatch),
+        cmocka_unit_test(test_ring_geometry),
     };
     return cmocka_run_group_tests_name("attn-v11", tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 
 #include "attn/kernel.h"
 #include "attn/plan.h"
+#include "attn/ring.h"
 #include "comm/agree.h"
 #include "core/context.h"
 #include "layout/pack.h"
@@ -279,6 +280,8 @@ static cp_status build_token_sets(cp_attn_plan *p, const cp_pack *pk)
     p->vis.cu = pk ? pk->cu : p->one_doc;
     p->vis.ndocs = pk ? pk->num_seqs : 1;
     p->bound = pk ? pk->id : 0;
+    p->ring_fwd_dir = 1;
+    p->ring_fwd_dir = cpi_ring_plan_fwd_dir(p);
     return CP_SUCCESS;
 }
 

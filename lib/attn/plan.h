@@ -51,6 +51,7 @@ struct cp_attn_plan {
     int64_t one_doc[2];  /* {0, seq_len}: a non-packed sequence is one document */
     cpi_tokset *members; /* a2a_size: the tokens of my sub-group's members, each in its local order */
     uint64_t bound;      /* id of the pack the token sets were built for; 0: the layout's */
+    int ring_fwd_dir;    /* cpi_ring.fwd_dir of the forward ring, chosen for these token sets */
     size_t ws_fwd, ws_bwd;
     void *own_ws;        /* allocated on demand when the caller passes none */
     size_t own_ws_bytes;

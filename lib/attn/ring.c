@@ -79,7 +79,8 @@ static cpi_ring ring_of(const cp_attn_plan *p)
                        .sub = p->sub,
                        .causal = p->desc.mask == CP_MASK_CAUSAL,
                        .vis = p->rects ? &p->vis : NULL,
-                       .rows_contiguous = p->desc.batch == 1 || p->desc.format == CP_FORMAT_SBHD };
+                       .rows_contiguous = p->desc.batch == 1 || p->desc.format == CP_FORMAT_SBHD,
+                       .fwd_dir = p->ring_fwd_dir };
 }
 
 /* The smallest row range holding both. */
@@ -133,6 +134,30 @@ static cpi_ring as_member(const cpi_ring *r, int m)
     cpi_ring o = *r;
     o.member = m;
     return o;
+}
+
+int cpi_ring_pick_fwd_dir(const cpi_ring *r)
+{
+    int64_t rows[2] = { 0, 0 };
+    for (int d = 0; d < 2; d++)
+        for (int m = 0; m < r->size; m++) {
+            cpi_ring o = as_member(r, m);
+            o.fwd_dir = d ? -1 : 1;
+            for (int step = 1; step < r->size; step++) {
+                const cpi_rows in = cpi_ring_fwd_kv_in(&o, step);
+                rows[d] += cpi_rows_empty(in) ? 0 : in.hi - in.lo;
+            }
+        }
+    return rows[1] < rows[0] ? -1 : 1;
+}
+
+int cpi_ring_plan_fwd_dir(const cp_attn_plan *p)
+{
+    if (!p->rects || p->ring_size < 3)
+        return 1;
+    cpi_ring r = ring_of(p);
+    r.fwd_dir = 1;
+    return cpi_ring_pick_fwd_dir(&r);
 }
 
 bool cpi_ring_fwd_idle(const cpi_ring *r, int step)
@@ -317,8 +342,8 @@ cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tenso
             if (!r.vis || !cpi_ring_fwd_idle(&r, step + 1)) {
                 TRY(rs_select(&rs, STREAM_COMM));
                 TRY(rs_wait(&rs, done_before));
-                TRY(shift(p, &r, -1, ck, out, &b.k[nx], in));
-                TRY(shift(p, &r, -1, cv, out, &b.v[nx], in));
+                TRY(shift(p, &r, -cpi_ring_fwd_sign(&r), ck, out, &b.k[nx], in));
+                TRY(shift(p, &r, -cpi_ring_fwd_sign(&r), cv, out, &b.v[nx], in));
                 TRY(rs_mark(&rs, &arrived));
             }
             ck = &b.k[nx];

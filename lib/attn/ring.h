@@ -22,6 +22,10 @@ typedef struct cpi_ring {
     bool causal;           /* the causal mask hides keys */
     const cpi_vis *vis;    /* API 1.1 (windows, documents): what hides keys instead; NULL: causal alone */
     bool rows_contiguous;  /* a row range of a block is one byte range of its buffers (batch 1, or SBHD) */
+    /* The forward's direction: 0 (or 1): at step s member m holds block
+     * m + s and passes blocks to m - 1; -1: block m - s, passed to m + 1
+     * (cpi_ring_pick_fwd_dir). */
+    int fwd_dir;
 } cpi_ring;
 
 /* Rows [lo, hi) of a block's buffers; empty when lo >= hi. */
@@ -47,25 +51,41 @@ static inline int cpi_ring_member(const cpi_ring *r, int i)
 cpi_rows cpi_ring_rows_seen_by(const cpi_ring *r, int block, int first, int count, int dir);
 
 /*
- * Forward: at step s member m holds block m + s, and the hop before step s
- * passes blocks to m - 1. A hop carries the rows of a block that the
- * members yet to hold it see: for the block arriving, m, m - 1, ... (R - s
- * of them); for the block leaving, m - 1, m - 2, ... (as many).
+ * Forward: at step s member m holds block m + s (with d = fwd_dir: m + d s),
+ * and the hop before step s passes blocks to m - 1 (m - d). A hop carries
+ * the rows of a block that the members yet to hold it see: for the block
+ * arriving, m, m - d, ... (R - s of them); for the block leaving, m - d,
+ * m - 2d, ... (as many).
  */
+static inline int cpi_ring_fwd_sign(const cpi_ring *r)
+{
+    return r->fwd_dir < 0 ? -1 : 1;
+}
+
 static inline int cpi_ring_fwd_block(const cpi_ring *r, int step)
 {
-    return cpi_ring_member(r, r->member + step);
+    return cpi_ring_member(r, r->member + cpi_ring_fwd_sign(r) * step);
 }
 
 static inline cpi_rows cpi_ring_fwd_kv_in(const cpi_ring *r, int step)
 {
-    return cpi_ring_rows_seen_by(r, cpi_ring_fwd_block(r, step), r->member, r->size - step, -1);
+    const int d = cpi_ring_fwd_sign(r);
+    return cpi_ring_rows_seen_by(r, cpi_ring_fwd_block(r, step), r->member, r->size - step, -d);
 }
 
 static inline cpi_rows cpi_ring_fwd_kv_out(const cpi_ring *r, int step)
 {
-    return cpi_ring_rows_seen_by(r, cpi_ring_fwd_block(r, step - 1), r->member - 1, r->size - step, -1);
+    const int d = cpi_ring_fwd_sign(r);
+    return cpi_ring_rows_seen_by(r, cpi_ring_fwd_block(r, step - 1), r->member - d, r->size - step, -d);
 }
+
+/* The forward direction under which the blocks' hops carry fewer rows in
+ * all (+1 on a tie): under windows the blocks a member needs sit on one
+ * side of it, and the ring should bring them from that side first. */
+int cpi_ring_pick_fwd_dir(const cpi_ring *r);
+/* That choice for plan p's ring (+1 where the plan attends without
+ * rectangles: the direction the causal zigzag ring was laid out for). */
+int cpi_ring_plan_fwd_dir(const cp_attn_plan *p);
 
 /*
  * Backward: at step s member m holds block m - 1 - s, so that its own block
