@@ -684,9 +684,12 @@ typedef struct cp_pack_config {
 /**
  * @brief Split a packed row of documents across a CP group (API 1.1).
  *
- * Every rank gets exactly T / P tokens (T % P == 0 is required), in local
- * order increasing along the row. Equal configurations give equal splits on
- * every rank and every run. Host only; no communication.
+ * Every rank gets exactly T / P tokens (T % P == 0 is required). Its local
+ * order (cp_pack_positions()) lists first the pieces of documents that
+ * other ranks hold parts of, then the documents wholly on the rank, each
+ * group along the row: the ring then never moves a document no other rank
+ * needs. Equal configurations give equal splits on every rank and every
+ * run. Host only; no communication.
  * @param cfg the documents and the policy; see ::cp_pack_config.
  * @param out receives the pack; NULL on failure.
  * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT naming the field (NULL

@@ -2,8 +2,10 @@
 /*
  * cp_pack (API 1.1): the split of one packed row of documents across a CP
  * group (docs/ARCHITECTURE.md, Packed documents). Host only. A rank's
- * share is a short list of runs (spans of the row), in local order, which
- * is increasing along the row; the CP modes turn them into token sets.
+ * share is a short list of runs (spans of the row) in local order: the
+ * pieces of documents other ranks share first, then the documents wholly
+ * on the rank, each group along the row; the CP modes turn them into token
+ * sets.
  */
 #ifndef INFINICP_PACK_H
 #define INFINICP_PACK_H
@@ -23,7 +25,7 @@ struct cp_pack {
     cp_balance balance;  /* the policy used (AUTO resolved) */
     int64_t chunk;       /* GREEDY's chunk in tokens (0 for the other policies) */
     int *run_first;      /* [P + 1]: rank r's runs are runs[run_first[r] .. run_first[r + 1]) */
-    cpi_span *runs;      /* coalesced, increasing along the row */
+    cpi_span *runs;      /* coalesced; shared pieces first, then local documents, each group along the row */
 };
 
 /* Rank r's runs; returns how many. */

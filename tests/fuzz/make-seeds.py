@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Write the binary seed corpora of fuzz-attn-desc and fuzz-topology.
+"""Write the binary seed corpora of fuzz-attn-desc, fuzz-topology, fuzz-pack and fuzz-kernel-rects.
 
 Each seed spells out, little-endian, the fields its target reads (see the
 comment at the top of each target and input.h): a struct_size of 0 means
@@ -65,6 +65,30 @@ def topology(world=8, tp=2, cp=2, dp=0, pp=1, a2a=1, order=b"tp-cp-dp-pp", struc
     return head + (b"\x00" if order is None else b"\x01" + order)
 
 
+AUTO, DOC_ZIGZAG, GREEDY, CONTIG = 0, 1, 2, 3
+RAW, LENGTHS, SMALL = 0, 1, 2
+
+
+def pack(cp=4, docs=(64, 128, 64), how=SMALL, fix=0, mask=CAUSAL, window=0, balance=GREEDY, chunk=0,
+         num=None, struct_size=0):
+    # docs: offsets (RAW), lengths (LENGTHS) or lengths - 1 (SMALL, u16)
+    num = len(docs) - (how == RAW) if num is None else num
+    out = struct.pack("<HiiBBiqiq", struct_size, cp, num, how, fix, mask, window, balance, chunk)
+    return out + b"".join(struct.pack("<H" if how == SMALL else "<q", d) for d in docs)
+
+
+def kernel_rects(dtype=F32, causal=1, fmt=BSHD, f32_out=0, acc=0, gacc=0, old=0, batch=1, kv=1, heads=2, dim=8,
+                 dim_v=0, sq=300, sk=300, q_off=0, k_off=0, scale=0.0, window=0, softcap=0.0, rect_list=0, rects=()):
+    # rect_list: 0 the rects, 1 rects = NULL with num_rects = len(rects), 2 num_rects = -1 - len(rects)
+    flags = dtype | causal << 2 | (fmt == SBHD) << 3 | f32_out << 4 | acc << 5 | gacc << 6 | old << 7
+    out = struct.pack("<BBBBBBHHqqdqdBB", flags, batch - 1, kv - 1, heads // kv - 1, dim - 1, dim_v, sq, sk, q_off,
+                      k_off, scale, window, softcap, rect_list, len(rects))
+    for r in rects:
+        wide = any(not -2**15 <= x < 2**15 for x in r)
+        out += struct.pack("<B", wide) + struct.pack("<6q" if wide else "<6h", *r)
+    return out
+
+
 ATTN = {
     "p2p-f32-causal": desc(),
     "all-gather-bf16-sbhd-zigzag": desc(dtype=BF16, fmt=SBHD, batch=2, seq=8, heads=4, kv=2, dim=8, dim_v=4,
@@ -118,7 +142,77 @@ TOPOLOGY = {
     "group-past-int-max": topology(world=1888354304, tp=8, cp=16, dp=0, pp=4, a2a=4, order=None),
 }
 
+PACK = {
+    "greedy-causal": pack(docs=(300, 20, 511, 4, 700, 100, 1000, 99), fix=2),
+    "greedy-chunk-8": pack(cp=8, docs=(1023, 1023, 2047, 1023), fix=2, chunk=8),
+    "greedy-window": pack(cp=4, docs=(511, 255, 127, 63, 31, 15, 7, 3), fix=2, window=100),
+    "greedy-no-mask-window": pack(cp=2, docs=(99, 4000, 37), fix=2, mask=NONE, window=7),
+    "auto-one-document": pack(cp=8, docs=(4095,), balance=AUTO),
+    "auto-no-mask": pack(cp=4, docs=(15,) * 64, balance=AUTO, mask=NONE),
+    "contiguous-odd-size": pack(cp=3, docs=(10, 20, 30), how=LENGTHS, balance=CONTIG),
+    "doc-zigzag": pack(cp=4, docs=(8, 16, 24, 800), how=LENGTHS, balance=DOC_ZIGZAG),
+    "doc-zigzag-rounded": pack(cp=8, docs=(5, 60, 700), fix=1, balance=DOC_ZIGZAG),
+    "doc-zigzag-uneven": pack(cp=4, docs=(8, 12, 24), how=LENGTHS, balance=DOC_ZIGZAG),
+    "one-token-documents": pack(cp=16, docs=(0,) * 512, balance=GREEDY, chunk=1),
+    "raw-offsets": pack(cp=2, docs=(0, 5, 9, 20), how=RAW),
+    "cu-not-increasing": pack(cp=2, docs=(0, 16, 16, 32), how=RAW),
+    "cu-not-from-0": pack(cp=2, docs=(4, 16, 32), how=RAW),
+    "negative-length": pack(cp=2, docs=(16, -8, 24), how=LENGTHS),
+    "lengths-wrap": pack(cp=1, docs=(2**62, 2**62, 2**62, 2**62), how=LENGTHS),
+    "huge-row": pack(cp=1, docs=(2**62,), how=LENGTHS, balance=CONTIG),
+    "huge-chunk-count": pack(cp=4, docs=(2**40,), how=LENGTHS, chunk=1),
+    "odd-cp-size": pack(cp=3, docs=(64, 64), how=LENGTHS),
+    "chunk-not-dividing": pack(cp=4, docs=(64, 64), how=LENGTHS, chunk=24),
+    "negative-chunk": pack(docs=(64, 64), how=LENGTHS, chunk=-1),
+    "bad-mask": pack(mask=7),
+    "negative-window": pack(window=-5),
+    "bad-balance": pack(balance=9),
+    "zero-cp-size": pack(cp=0),
+    "int-max-cp-size": pack(cp=2**31 - 1, docs=(2**31 - 2,), how=LENGTHS, balance=CONTIG),
+    "negative-num-seqs": pack(num=-1),
+    "old-struct-size": pack(struct_size=16),
+}
+
+POS_MAX = 2**63 // 4
+KERNEL_RECTS = {
+    "packed-causal-window": kernel_rects(dtype=BF16, window=64, rects=(
+        (0, 100, 0, 100, 0, 0), (100, 150, 100, 150, 100, 100), (250, 50, 250, 50, 250, 250))),
+    "two-rects-per-row-softcap": kernel_rects(softcap=30.0, sq=200, sk=200, rects=(
+        (0, 100, 0, 100, 0, 0), (100, 100, 0, 100, 300, 0), (100, 100, 100, 100, 300, 300))),
+    "rows-in-no-rect-accumulate": kernel_rects(dtype=F16, fmt=SBHD, f32_out=1, acc=1, gacc=1, sq=150, sk=120,
+                                               rects=((10, 40, 0, 120, 50, 0), (90, 30, 60, 60, 200, 100))),
+    "empty-list": kernel_rects(sq=40, sk=40),
+    "tile-edges": kernel_rects(causal=0, window=100, sq=300, sk=300, rects=(
+        (0, 95, 0, 97, 0, 0), (95, 49, 97, 47, 95, 97), (144, 112, 144, 113, 144, 144),
+        (256, 1, 257, 43, 256, 257), (257, 43, 0, 300, 1000, 700))),
+    "one-row-and-empty-rects": kernel_rects(sq=20, sk=20, rects=(
+        (0, 1, 0, 20, 5, 0), (20, 0, 3, 4, 0, 0), (7, 5, 20, 0, 0, 0), (1, 19, 0, 20, 6, 1))),
+    "gqa-dv-softcap-window": kernel_rects(dtype=BF16, batch=2, kv=2, heads=4, dim=16, dim_v=12, sq=97, sk=145,
+                                          window=20, softcap=2.5, rects=((0, 97, 0, 145, 60, 0),)),
+    "huge-window-far-positions": kernel_rects(window=2**63 - 1, sq=64, sk=64, rects=(
+        (0, 64, 0, 64, POS_MAX - 64, POS_MAX - 64), (0, 32, 0, 32, 0, POS_MAX - 32))),
+    "dense-none-mask-window": kernel_rects(causal=0, window=5, sq=130, sk=70, q_off=30, rect_list=1),
+    "old-struct-size": kernel_rects(old=1, window=-5, softcap=-1.0, rect_list=2, rects=((0, 1, 0, 1, 0, 0),)),
+    "negative-window": kernel_rects(window=-1),
+    "nan-softcap": kernel_rects(softcap=math.nan),
+    "tiny-softcap": kernel_rects(softcap=1e-300),
+    "rects-null-with-count": kernel_rects(rect_list=1, rects=((0, 1, 0, 1, 0, 0), (0, 1, 0, 1, 0, 0))),
+    "negative-num-rects": kernel_rects(rect_list=2, rects=((0, 1, 0, 1, 0, 0),)),
+    "rect-past-seq": kernel_rects(sq=10, sk=10, rects=((5, 6, 0, 10, 0, 0),)),
+    "rect-negative-len": kernel_rects(rects=((0, 4, 3, -1, 0, 0),)),
+    "rect-position-overflow": kernel_rects(rects=((0, 4, 0, 4, 2**62, 0),)),
+    "rect-int64-extremes": kernel_rects(rects=((-2**63, 2**63 - 1, 2**63 - 1, -2**63, 2**63 - 1, 2**63 - 1),)),
+    # found by the fuzzer: a softcap that rounds to 0 in fp32 turned the kernels' softcap off
+    "softcap-below-fp32": kernel_rects(dtype=F16, fmt=SBHD, f32_out=1, acc=1, gacc=1, dim=8, sq=150, sk=1,
+                                       q_off=16384, scale=8.179103587778735e-227, window=14074264231608321,
+                                       softcap=1.5244092869938126e-261, rect_list=1),
+}
+
 for name, data in ATTN.items():
     write("attn-desc", name, data)
 for name, data in TOPOLOGY.items():
     write("topology", name, data)
+for name, data in PACK.items():
+    write("pack", name, data)
+for name, data in KERNEL_RECTS.items():
+    write("kernel-rects", name, data)
