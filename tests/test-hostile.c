@@ -206,12 +206,15 @@ static struct {
     cp_topology *topo; /* world 8: tp 2, cp 2, dp 2 */
     cp_topology_config topo_cfg;
     cp_ckpt_meta *meta;
+    /* packs of the row pack_cu (T = 16) on 1 and 2 ranks, and of a row of 32 on 1 */
+    cp_pack *pack1, *pack2, *pack32;
 } fx;
 
 /* Tensors for the plan and the kernels (both fit in these). */
 static struct {
     _Alignas(64) float q[256], k[256], v[256], o[256], lse[64], dout[256], dq[256], dk[256], dv[256];
     _Alignas(64) float part[256], lse_part[64];
+    _Alignas(64) float sinks[16], dsinks[16];
 } buf;
 
 static cp_attn_desc valid_desc(void)
@@ -223,6 +226,18 @@ static cp_attn_desc valid_desc(void)
     d.num_kv_heads = KV_HEADS;
     d.head_dim = DIM;
     return d;
+}
+
+/* Two documents, of 6 and 10 tokens: T = 16. */
+static const int64_t pack_cu[] = { 0, 6, 16 };
+
+static cp_pack_config valid_pack_config(int cp_size)
+{
+    cp_pack_config c = CP_PACK_CONFIG_INIT;
+    c.cp_size = cp_size;
+    c.cu_seqlens = pack_cu;
+    c.num_seqs = 2;
+    return c;
 }
 
 static int setup(void **state)
@@ -244,6 +259,15 @@ static int setup(void **state)
     fx.topo_cfg.cp = 2;
     assert_int_equal(cp_topology_create(&fx.topo_cfg, &fx.topo), CP_SUCCESS);
     assert_int_equal(cp_ckpt_meta_create(fx.topo, &fx.desc, &fx.meta), CP_SUCCESS);
+    cp_pack_config pc = valid_pack_config(1);
+    assert_int_equal(cp_pack_create(&pc, &fx.pack1), CP_SUCCESS);
+    pc.cp_size = 2;
+    assert_int_equal(cp_pack_create(&pc, &fx.pack2), CP_SUCCESS);
+    static const int64_t cu32[] = { 0, 32 };
+    pc = valid_pack_config(1);
+    pc.cu_seqlens = cu32;
+    pc.num_seqs = 1;
+    assert_int_equal(cp_pack_create(&pc, &fx.pack32), CP_SUCCESS);
     float *all = (float *)&buf;
     for (size_t i = 0; i < sizeof buf / sizeof(float); i++)
         all[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
@@ -253,6 +277,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    cp_pack_destroy(fx.pack32);
+    cp_pack_destroy(fx.pack2);
+    cp_pack_destroy(fx.pack1);
     cp_ckpt_meta_destroy(fx.meta);
     cp_topology_destroy(fx.topo);
     free(fx.ws);
@@ -649,6 +676,195 @@ static void row_layout_gather(void **state)
     untouched(global, sizeof global);
 }
 
+/* ---- packs (API 1.1) -------------------------------------------------------- */
+
+static cp_status call_pack_create(const void *cfg)
+{
+    cp_pack *pk = POISON;
+    cp_status s = cp_pack_create(cfg, &pk);
+    if (s == CP_SUCCESS)
+        cp_pack_destroy(pk);
+    else
+        assert_null(pk);
+    return s;
+}
+
+static void row_pack_create(void **state)
+{
+    (void)state;
+    cp_pack *pk = NULL;
+    const cp_pack_config cfg = valid_pack_config(2); /* documents of 6 and 10 tokens, AUTO */
+    HOSTILE(cp_pack_create(&cfg, NULL), E, "out is NULL");
+    HOSTILE_OUT(pk, cp_pack_create(NULL, &pk), E, "cfg is NULL");
+    typedef cp_pack_config T;
+    static const field_case cases[] = {
+        INT_CASE(T, cp_size, 0, E, "cfg->cp_size = 0"),
+        INT_CASE(T, cp_size, -2, E, "cfg->cp_size = -2"),
+        INT_CASE(T, cp_size, INT_MIN, E, "cfg->cp_size = -2147483648"),
+        INT_CASE(T, cp_size, 3, E, "cfg->cu_seqlens[2] = 16 is not divisible by cfg->cp_size = 3"),
+        INT_CASE(T, cp_size, INT_MAX, E, "is not divisible by cfg->cp_size = 2147483647"),
+        NULL_CASE(T, cu_seqlens, "cfg->cu_seqlens is NULL"),
+        INT_CASE(T, num_seqs, 0, E, "cfg->num_seqs = 0"),
+        INT_CASE(T, num_seqs, -1, E, "cfg->num_seqs = -1"),
+        INT_CASE(T, num_seqs, INT_MIN, E, "cfg->num_seqs = -2147483648"),
+        INT_CASE(T, mask, 2, E, "cfg->mask = 2"),
+        INT_CASE(T, mask, -1, E, "cfg->mask = -1"),
+        INT_CASE(T, window, -1, E, "cfg->window = -1"),
+        INT_CASE(T, window, INT64_MIN, E, "cfg->window = -9223372036854775808"),
+        INT_CASE(T, balance, 4, E, "cfg->balance = 4"),
+        INT_CASE(T, balance, -1, E, "cfg->balance = -1"),
+        INT_CASE(T, balance, INT_MAX, E, "cfg->balance = 2147483647"),
+        INT_CASE(T, chunk, -1, E, "cfg->chunk = -1"),
+        INT_CASE(T, chunk, INT64_MIN, E, "cfg->chunk = -9223372036854775808"),
+        /* AUTO may take GREEDY, so its chunk must divide T / P too */
+        INT_CASE(T, chunk, 3, E, "cfg->chunk = 3 does not divide T / cp_size = 16 / 2 = 8"),
+        INT_CASE(T, chunk, 16, E, "cfg->chunk = 16 does not divide"),
+        INT_CASE(T, chunk, INT64_MAX, E, "cfg->chunk = 9223372036854775807 does not divide"),
+        /* TransformerEngine's split needs every length % 2P == 0: 6 % 4 != 0 */
+        INT_CASE(T, balance, CP_BALANCE_DOC_ZIGZAG, E, "document 0 has length 6"),
+    };
+    run_field_cases(&cfg, sizeof cfg, cases, sizeof cases / sizeof cases[0], call_pack_create);
+    run_struct_sizes("cfg", &cfg, sizeof cfg, sizeof cfg, call_pack_create);
+
+    /* document boundaries that do not start at 0, do not increase, or do not split evenly */
+    const struct {
+        int64_t cu[3];
+        const char *needle;
+    } bad[] = {
+        { { 1, 6, 16 }, "cfg->cu_seqlens[0] = 1" },
+        { { -4, 6, 16 }, "cfg->cu_seqlens[0] = -4" },
+        { { 0, 0, 16 }, "cfg->cu_seqlens[1] = 0 is not greater than cfg->cu_seqlens[0] = 0" },
+        { { 0, -6, 16 }, "cfg->cu_seqlens[1] = -6 is not greater" },
+        { { 0, 6, 6 }, "cfg->cu_seqlens[2] = 6 is not greater than cfg->cu_seqlens[1] = 6" },
+        { { 0, 10, 6 }, "cfg->cu_seqlens[2] = 6 is not greater than cfg->cu_seqlens[1] = 10" },
+        { { 0, 6, INT64_MIN }, "cfg->cu_seqlens[2] = -9223372036854775808" },
+        { { 0, 6, 15 }, "cfg->cu_seqlens[2] = 15 is not divisible by cfg->cp_size = 2" },
+        { { 0, 6, INT64_MAX - 1 }, "tokens per rank overflow the address space" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cp_pack_config c = cfg;
+        c.cu_seqlens = bad[i].cu;
+        HOSTILE(call_pack_create(&c), E, bad[i].needle);
+    }
+    /* more chunks than an int counts */
+    static const int64_t huge[] = { 0, (int64_t)1 << 34 };
+    cp_pack_config c = cfg;
+    c.cp_size = 1;
+    c.cu_seqlens = huge;
+    c.num_seqs = 1;
+    c.balance = CP_BALANCE_GREEDY;
+    c.chunk = 1;
+    HOSTILE(call_pack_create(&c), E, "T / cfg->chunk = 17179869184 / 1 = 17179869184 chunks");
+    /* DOC_ZIGZAG: 2P chunks of each of 2048 documents, 2^32 in all */
+    static int64_t many[2049];
+    for (int d = 0; d <= 2048; d++)
+        many[d] = (int64_t)d << 21;
+    c = cfg;
+    c.cp_size = 1 << 20;
+    c.cu_seqlens = many;
+    c.num_seqs = 2048;
+    c.balance = CP_BALANCE_DOC_ZIGZAG;
+    HOSTILE(call_pack_create(&c), E, "2 * cfg->cp_size x cfg->num_seqs = 2097152 x 2048 chunks");
+}
+
+static void row_pack_destroy(void **state)
+{
+    (void)state;
+    cp_pack_destroy(NULL);
+}
+
+static void row_pack_positions(void **state)
+{
+    (void)state;
+    int64_t pos[9], dpos[9]; /* T / P = 8, and room for a misaligned one */
+    int32_t ids[9];
+    fill(pos, sizeof pos);
+    fill(dpos, sizeof dpos);
+    fill(ids, sizeof ids);
+    HOSTILE(cp_pack_positions(NULL, 0, pos, dpos, ids), E, "pk is NULL");
+    for (size_t i = 0; i < N_BAD_RANKS; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "cp_rank = %d", bad_ranks[i]);
+        HOSTILE(cp_pack_positions(fx.pack2, bad_ranks[i], pos, dpos, ids), E, needle);
+    }
+    HOSTILE(cp_pack_positions(fx.pack2, 0, NULL, NULL, NULL), E,
+            "positions, doc_positions and doc_ids are all NULL");
+    HOSTILE(cp_pack_positions(fx.pack2, 0, (int64_t *)(void *)((char *)pos + 4), NULL, NULL), E, "positions = ");
+    assert_non_null(strstr(cp_last_error(), "not aligned"));
+    HOSTILE(cp_pack_positions(fx.pack2, 1, pos, (int64_t *)(void *)((char *)dpos + 2), ids), E,
+            "doc_positions = ");
+    HOSTILE(cp_pack_positions(fx.pack2, 1, pos, dpos, (int32_t *)(void *)((char *)ids + 1)), E, "doc_ids = ");
+    untouched(pos, sizeof pos);
+    untouched(dpos, sizeof dpos);
+    untouched(ids, sizeof ids);
+}
+
+static void row_pack_work(void **state)
+{
+    (void)state;
+    double pairs = -1;
+    HOSTILE(cp_pack_work(NULL, 0, &pairs), E, "pk is NULL");
+    HOSTILE(cp_pack_work(fx.pack2, 0, NULL), E, "pairs is NULL");
+    for (size_t i = 0; i < N_BAD_RANKS; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "cp_rank = %d", bad_ranks[i]);
+        HOSTILE(cp_pack_work(fx.pack2, bad_ranks[i], &pairs), E, needle);
+    }
+    assert_true(pairs == -1);
+}
+
+static void row_pack_shard(void **state)
+{
+    (void)state;
+    char global[64], local[64]; /* T = 16 tokens of 4 bytes; a rank holds 8 of pack2's */
+    const cp_pack *pk = fx.pack2;
+    memset(global, 1, sizeof global);
+    fill(local, sizeof local);
+    HOSTILE(cp_pack_shard(NULL, pk, 0, global, local, 4), E, "ctx is NULL");
+    HOSTILE(cp_pack_shard(fx.ctx, NULL, 0, global, local, 4), E, "pk is NULL");
+    HOSTILE(cp_pack_shard(fx.ctx, pk, 0, NULL, local, 4), E, "global is NULL");
+    HOSTILE(cp_pack_shard(fx.ctx, pk, 0, global, NULL, 4), E, "local is NULL");
+    for (size_t i = 0; i < N_BAD_RANKS; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "cp_rank = %d", bad_ranks[i]);
+        HOSTILE(cp_pack_shard(fx.ctx, pk, bad_ranks[i], global, local, 4), E, needle);
+    }
+    HOSTILE(cp_pack_shard(fx.ctx, pk, 0, global, local, 0), E, "token_bytes = 0");
+    const size_t huge[] = { SIZE_MAX, SIZE_MAX / 8, (size_t)1 << 60, (size_t)PTRDIFF_MAX / 16 + 1 };
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++)
+        HOSTILE(cp_pack_shard(fx.ctx, pk, 1, global, local, huge[i]), E, "overflows the address space");
+    untouched(local, sizeof local);
+    /* a share that overlaps the row it is cut from */
+    fill(global, sizeof global);
+    HOSTILE(cp_pack_shard(fx.ctx, pk, 0, global, global + 16, 2), E, "overlaps");
+    HOSTILE(cp_pack_shard(fx.ctx, pk, 1, global + 16, global + 8, 2), E, "overlaps");
+    untouched(global, sizeof global);
+}
+
+static void row_pack_gather(void **state)
+{
+    (void)state;
+    char local[64], global[64];
+    cp_group *g = fx.group; /* one rank */
+    const cp_pack *pk = fx.pack1;
+    memset(local, 1, sizeof local);
+    assert_int_equal(cp_pack_gather(g, pk, local, global, 4), CP_SUCCESS);
+    fill(global, sizeof global);
+    HOSTILE(cp_pack_gather(NULL, pk, local, global, 4), E, "g is NULL");
+    HOSTILE(cp_pack_gather(g, NULL, local, global, 4), E, "pk is NULL");
+    HOSTILE(cp_pack_gather(g, pk, NULL, global, 4), E, "local is NULL");
+    HOSTILE(cp_pack_gather(g, pk, local, NULL, 4), E, "global is NULL");
+    HOSTILE(cp_pack_gather(g, fx.pack2, local, global, 4), E,
+            "pk splits the row across cp_size = 2 ranks, the group has 1");
+    HOSTILE(cp_pack_gather(g, pk, local, global, 0), E, "token_bytes = 0");
+    HOSTILE(cp_pack_gather(g, pk, local, global, SIZE_MAX), E, "overflows the address space");
+    HOSTILE(cp_pack_gather(g, pk, local, global, (size_t)1 << 60), E, "overflows the address space");
+    untouched(global, sizeof global);
+    /* the row may not overlap the share it is built from */
+    HOSTILE(cp_pack_gather(g, pk, global + 8, global, 2), E, "overlaps");
+    untouched(global, sizeof global);
+}
+
 /* ---- communicators and groups --------------------------------------------- */
 
 static void row_comm_create_local(void **state)
@@ -824,6 +1040,19 @@ static void row_attn_plan_create(void **state)
         INT_CASE(T, layout, -1, E, "layout = -1"),
         INT_CASE(T, mode, 4, E, "desc->mode = 4"),
         INT_CASE(T, mode, -1, E, "desc->mode = -1"),
+        /* API 1.1 */
+        INT_CASE(T, window, -1, E, "desc->window = -1"),
+        INT_CASE(T, window, INT64_MIN, E, "desc->window = -9223372036854775808"),
+        REAL_CASE(T, softcap, NAN, "desc->softcap = nan"),
+        REAL_CASE(T, softcap, -1.0, "desc->softcap = -1"),
+        REAL_CASE(T, softcap, INFINITY, "desc->softcap = inf"),
+        REAL_CASE(T, softcap, -INFINITY, "desc->softcap = -inf"),
+        /* finite, but past what the kernels take (c log2(e) and scale / c must be finite floats) */
+        REAL_CASE(T, softcap, 1e300, "desc->softcap = 1e+300"),
+        REAL_CASE(T, softcap, 1e-300, "desc->softcap = 1e-300"),
+        INT_CASE(T, sinks, 2, E, "desc->sinks = 2"),
+        INT_CASE(T, sinks, -1, E, "desc->sinks = -1"),
+        INT_CASE(T, sinks, INT_MAX, E, "desc->sinks = 2147483647"),
         /* sizes whose bytes overflow size_t and int64 */
         INT_CASE(T, batch, INT64_MAX, E, "overflows the address space"),
         INT_CASE(T, seq_len, INT64_MAX, E, "overflows the address space"),
@@ -851,6 +1080,11 @@ static void row_attn_plan_create(void **state)
     d.layout = CP_LAYOUT_ZIGZAG;
     d.seq_len = 15;
     HOSTILE(call_plan_create(&d), E, "seq_len = 15 is not divisible by 2 * cp_size = 2");
+    /* a packed row is one sample */
+    d = fx.desc;
+    d.layout = CP_LAYOUT_PACKED;
+    d.batch = 2;
+    HOSTILE(call_plan_create(&d), E, "desc->batch = 2 with CP_LAYOUT_PACKED");
 }
 
 static void row_attn_plan_destroy(void **state)
@@ -975,6 +1209,177 @@ static void row_attn_backward(void **state)
     hostile_attn("cp_attn_backward", attn_backward, fx.ws_bwd, 1);
 }
 
+/* cp_attn_forward_ex / cp_attn_backward_ex with only a workspace in x: the
+ * cases of cp_attn_forward / cp_attn_backward. */
+static cp_status attn_forward_ex(const attn_call *c)
+{
+    cp_attn_args x = CP_ATTN_ARGS_INIT;
+    x.workspace = c->ws;
+    x.workspace_bytes = c->ws_bytes;
+    fill(buf.o, sizeof buf.o);
+    fill(buf.lse, sizeof buf.lse);
+    cp_status s = cp_attn_forward_ex(c->p, c->q, c->k, c->v, (void *)c->out, (float *)c->lse, &x);
+    if (s != CP_SUCCESS) {
+        untouched(buf.o, sizeof buf.o);
+        untouched(buf.lse, sizeof buf.lse);
+    }
+    return s;
+}
+
+static cp_status attn_backward_ex(const attn_call *c)
+{
+    cp_attn_args x = CP_ATTN_ARGS_INIT;
+    x.workspace = c->ws;
+    x.workspace_bytes = c->ws_bytes;
+    fill(buf.dq, sizeof buf.dq);
+    fill(buf.dk, sizeof buf.dk);
+    fill(buf.dv, sizeof buf.dv);
+    cp_status s = cp_attn_backward_ex(c->p, c->q, c->k, c->v, c->out, c->lse, c->dout, c->dq, c->dk, c->dv, &x);
+    if (s != CP_SUCCESS) {
+        untouched(buf.dq, sizeof buf.dq);
+        untouched(buf.dk, sizeof buf.dk);
+        untouched(buf.dv, sizeof buf.dv);
+    }
+    return s;
+}
+
+/* The plan that call_attn_ex runs, and which direction. */
+static struct {
+    cp_attn_plan *p;
+    int backward;
+} ex;
+
+/* cp_attn_forward_ex or cp_attn_backward_ex of ex.p with arguments x on the
+ * shared tensors; a failure writes none of its outputs. */
+static cp_status call_attn_ex(const void *x)
+{
+    cp_status s;
+    fill(buf.dsinks, sizeof buf.dsinks);
+    if (!ex.backward) {
+        fill(buf.o, sizeof buf.o);
+        fill(buf.lse, sizeof buf.lse);
+        s = cp_attn_forward_ex(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, x);
+        if (s != CP_SUCCESS) {
+            untouched(buf.o, sizeof buf.o);
+            untouched(buf.lse, sizeof buf.lse);
+        }
+    } else {
+        fill(buf.dq, sizeof buf.dq);
+        fill(buf.dk, sizeof buf.dk);
+        fill(buf.dv, sizeof buf.dv);
+        s = cp_attn_backward_ex(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, buf.dout, buf.dq, buf.dk, buf.dv, x);
+        if (s != CP_SUCCESS) {
+            untouched(buf.dq, sizeof buf.dq);
+            untouched(buf.dk, sizeof buf.dk);
+            untouched(buf.dv, sizeof buf.dv);
+        }
+    }
+    if (s != CP_SUCCESS)
+        untouched(buf.dsinks, sizeof buf.dsinks);
+    return s;
+}
+
+/* Make ex.p a plan of fx.desc with layout and sinks changed; for the
+ * backward, run its forward first (out and lse). */
+static void ex_plan(cp_layout layout, int sinks, int backward, const cp_attn_args *x)
+{
+    cp_attn_desc d = fx.desc;
+    d.layout = layout;
+    d.sinks = sinks;
+    ex.p = NULL;
+    if (cp_attn_plan_create(fx.group, &d, &ex.p) != CP_SUCCESS)
+        fail_msg("a plan with layout %d, sinks %d: %s", (int)layout, sinks, cp_last_error());
+    ex.backward = 0;
+    if (backward && call_attn_ex(x) != CP_SUCCESS)
+        fail_msg("the forward before the backward: %s", cp_last_error());
+    ex.backward = backward;
+}
+
+/* What API 1.1's x carries, against plans that do and do not take it. */
+static void hostile_attn_args(const char *func, int backward)
+{
+    const cp_attn_args init = CP_ATTN_ARGS_INIT;
+    cp_attn_args x = init;
+    char needle[128];
+    typedef cp_attn_args T;
+
+    /* a plain plan: x = NULL is the defaults; a pack or sinks it does not take */
+    ex.p = fx.plan;
+    ex.backward = backward;
+    assert_int_equal(call_attn_ex(NULL), CP_SUCCESS);
+    run_struct_sizes("x", &x, sizeof x, sizeof x, call_attn_ex);
+    x.pack = fx.pack1;
+    snprintf(needle, sizeof needle, "%s: x->pack is set but the plan's layout is 0", func);
+    HOSTILE(call_attn_ex(&x), E, needle);
+    x = init;
+    x.sinks = buf.sinks;
+    HOSTILE(call_attn_ex(&x), E, "x->sinks is set but the plan has desc->sinks = 0");
+    x = init;
+    x.dsinks = buf.dsinks;
+    HOSTILE(call_attn_ex(&x), E, "x->dsinks is set but the plan has desc->sinks = 0");
+
+    /* a plan with sinks: they, and in the backward their gradient, are required */
+    x = init;
+    x.sinks = buf.sinks;
+    x.dsinks = buf.dsinks;
+    ex_plan(CP_LAYOUT_CONTIGUOUS, 1, backward, &x);
+    static const field_case sink_cases[] = {
+        NULL_CASE(T, sinks, "x->sinks is NULL (the plan has desc->sinks = 1)"),
+        SHIFT_CASE(T, sinks, 2, "x->sinks = "),
+        /* the backward's only */
+        NULL_CASE(T, dsinks, "x->dsinks is NULL (the plan has desc->sinks = 1)"),
+        SHIFT_CASE(T, dsinks, 1, "x->dsinks = "),
+    };
+    run_field_cases(&x, sizeof x, sink_cases, backward ? 4 : 2, call_attn_ex);
+    HOSTILE(call_attn_ex(NULL), E, "x->sinks is NULL");
+    if (backward)
+        HOSTILE(cp_attn_backward(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, buf.dout, buf.dq, buf.dk, buf.dv, NULL, 0),
+                E, "desc->sinks = 1");
+    else
+        HOSTILE(cp_attn_forward(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, NULL, 0), E, "desc->sinks = 1");
+    cp_attn_plan_destroy(ex.p);
+
+    /* a packed plan: a pack of its CP size and length is required */
+    x = init;
+    x.pack = fx.pack1;
+    ex_plan(CP_LAYOUT_PACKED, 0, backward, &x);
+    static const field_case pack_cases[] = {
+        NULL_CASE(T, pack, "x->pack is NULL (the plan's layout is CP_LAYOUT_PACKED)"),
+    };
+    run_field_cases(&x, sizeof x, pack_cases, 1, call_attn_ex);
+    HOSTILE(call_attn_ex(NULL), E, "x->pack is NULL");
+    x.pack = fx.pack2;
+    HOSTILE(call_attn_ex(&x), E, "x->pack was made for cp_size 2, the plan's group has 1 ranks");
+    x.pack = fx.pack32;
+    HOSTILE(call_attn_ex(&x), E, "x->pack holds 32 tokens, the plan's seq_len is 16");
+    x.pack = fx.pack1;
+    x.sinks = buf.sinks;
+    HOSTILE(call_attn_ex(&x), E, "x->sinks is set but the plan has desc->sinks = 0");
+    if (backward)
+        HOSTILE(cp_attn_backward(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, buf.dout, buf.dq, buf.dk, buf.dv, NULL, 0),
+                E, "CP_LAYOUT_PACKED");
+    else
+        HOSTILE(cp_attn_forward(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, NULL, 0), E, "CP_LAYOUT_PACKED");
+    cp_attn_plan_destroy(ex.p);
+    ex.p = NULL;
+}
+
+static void row_attn_forward_ex(void **state)
+{
+    (void)state;
+    hostile_attn("cp_attn_forward_ex", attn_forward_ex, fx.ws_fwd, 0);
+    hostile_attn_args("cp_attn_forward_ex", 0);
+}
+
+static void row_attn_backward_ex(void **state)
+{
+    (void)state;
+    attn_call c = valid_attn_call(fx.ws_fwd);
+    assert_int_equal(attn_forward(&c), CP_SUCCESS); /* lse and out for the backward */
+    hostile_attn("cp_attn_backward_ex", attn_backward_ex, fx.ws_bwd, 1);
+    hostile_attn_args("cp_attn_backward_ex", 1);
+}
+
 /* ---- single-device kernels ------------------------------------------------ */
 
 static cp_kernel_attn_args valid_kernel_args(void)
@@ -1008,7 +1413,17 @@ typedef cp_kernel_attn_args KA;
         INT_CASE(KA, batch, (int64_t)1 << 58, E, "a->q spans more than the address space"),            \
         INT_CASE(KA, v_stride_s, INT64_MAX / 2, E, "a->v spans more than the address space"),          \
         SHIFT_CASE(KA, q, 2, "a->q = "), SHIFT_CASE(KA, k, 1, "a->k = "), SHIFT_CASE(KA, v, 3, "a->v = "), \
-        SHIFT_CASE(KA, o, 2, "a->o = "), SHIFT_CASE(KA, lse, 2, "a->lse = ")
+        SHIFT_CASE(KA, o, 2, "a->o = "), SHIFT_CASE(KA, lse, 2, "a->lse = "),                          \
+        /* API 1.1 */                                                                                  \
+        INT_CASE(KA, window, -1, E, "a->window = -1"),                                                 \
+        INT_CASE(KA, window, INT64_MIN, E, "a->window = -9223372036854775808"),                        \
+        REAL_CASE(KA, softcap, NAN, "a->softcap = nan"), REAL_CASE(KA, softcap, -1.0, "a->softcap = -1"), \
+        REAL_CASE(KA, softcap, INFINITY, "a->softcap = inf"),                                          \
+        REAL_CASE(KA, softcap, 1e300, "a->softcap = 1e+300"),                                          \
+        REAL_CASE(KA, softcap, 1e-300, "a->softcap = 1e-300"),                                         \
+        INT_CASE(KA, num_rects, -1, E, "a->num_rects = -1"),                                           \
+        INT_CASE(KA, num_rects, INT64_MIN, E, "a->num_rects = -9223372036854775808"),                  \
+        INT_CASE(KA, num_rects, 2, E, "a->rects is NULL with a->num_rects = 2")
 
 static cp_status call_kernel_forward(const void *a)
 {
@@ -1060,6 +1475,41 @@ static cp_kernel_attn_args kernel_args_with_workspace(void)
     return a;
 }
 
+/* Rectangles (API 1.1) out of the block's rows, or with positions that
+ * overflow: each is the second of two, after one over the whole block. */
+static void hostile_rects(struct_call call)
+{
+    cp_kernel_attn_args a = valid_kernel_args();
+    cp_attn_rect r[2] = { { 0, KSQ, 0, KSK, 0, 0 }, { 0, 0, 0, 0, 0, 0 } };
+    a.rects = r;
+    a.num_rects = 1;
+    assert_int_equal(call(&a), CP_SUCCESS);
+    const int64_t far = INT64_MAX / 4; /* the largest position + length the kernels take */
+    const struct {
+        cp_attn_rect r;
+        const char *needle;
+    } bad[] = {
+        { { 0, -1, 0, KSK, 0, 0 }, "a->rects[1].q_len = -1" },
+        { { 0, KSQ, 0, INT64_MIN, 0, 0 }, "a->rects[1].k_len = -9223372036854775808" },
+        { { -1, 1, 0, KSK, 0, 0 }, "a->rects[1].q_row = -1" },
+        { { 2, 3, 0, KSK, 0, 0 }, "a->rects[1].q_row = 2 with q_len = 3" },
+        { { 0, KSQ + 1, 0, KSK, 0, 0 }, "a->rects[1].q_row = 0 with q_len = 5" },
+        { { INT64_MAX, 1, 0, KSK, 0, 0 }, "a->rects[1].q_row = 9223372036854775807" },
+        { { 0, INT64_MAX, 0, KSK, 0, 0 }, "a->rects[1].q_row = 0 with q_len = 9223372036854775807" },
+        { { 0, KSQ, 1, KSK, 0, 0 }, "a->rects[1].k_row = 1 with k_len = 4" },
+        { { 0, KSQ, -2, 1, 0, 0 }, "a->rects[1].k_row = -2" },
+        { { 0, KSQ, 0, KSK, -1, 0 }, "a->rects[1].q_pos = -1" },
+        { { 0, KSQ, 0, KSK, 0, -1 }, "a->rects[1].k_pos = -1" },
+        { { 0, KSQ, 0, KSK, INT64_MAX, 0 }, "a->rects[1].q_pos = 9223372036854775807" },
+        { { 0, KSQ, 0, KSK, 0, far - KSK + 1 }, "a->rects[1].k_pos = 2305843009213693948 with k_len = 4" },
+    };
+    a.num_rects = 2;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r[1] = bad[i].r;
+        HOSTILE(call(&a), E, bad[i].needle);
+    }
+}
+
 static void row_kernel_attn_forward(void **state)
 {
     (void)state;
@@ -1078,6 +1528,7 @@ static void row_kernel_attn_forward(void **state)
     };
     run_field_cases(&a, sizeof a, cases, sizeof cases / sizeof cases[0], call_kernel_forward);
     run_struct_sizes("a", &a, sizeof a, KERNEL_ARGS_V1, call_kernel_forward);
+    hostile_rects(call_kernel_forward);
     a = kernel_args_with_workspace();
     if (a.workspace) {
         a.workspace_bytes = 1;
@@ -1112,6 +1563,7 @@ static void row_kernel_attn_backward(void **state)
     };
     run_field_cases(&a, sizeof a, cases, sizeof cases / sizeof cases[0], call_kernel_backward);
     run_struct_sizes("a", &a, sizeof a, KERNEL_ARGS_V1, call_kernel_backward);
+    hostile_rects(call_kernel_backward);
     /* the optional rowsum buffer, misaligned */
     a.drow = (float *)((char *)buf.part + 2);
     HOSTILE(call_kernel_backward(&a), E, "a->drow = ");
@@ -1445,7 +1897,9 @@ static const struct row {
     CMUnitTestFunction run;
 } rows[] = {
     { "cp_attn_backward", row_attn_backward },
+    { "cp_attn_backward_ex", row_attn_backward_ex },
     { "cp_attn_forward", row_attn_forward },
+    { "cp_attn_forward_ex", row_attn_forward_ex },
     { "cp_attn_plan_create", row_attn_plan_create },
     { "cp_attn_plan_destroy", row_attn_plan_destroy },
     { "cp_attn_workspace_size", row_attn_workspace_size },
@@ -1483,6 +1937,12 @@ static const struct row {
     { "cp_layout_positions", row_layout_positions },
     { "cp_layout_shard", row_layout_shard },
     { "cp_loss_reduce", row_loss_reduce },
+    { "cp_pack_create", row_pack_create },
+    { "cp_pack_destroy", row_pack_destroy },
+    { "cp_pack_gather", row_pack_gather },
+    { "cp_pack_positions", row_pack_positions },
+    { "cp_pack_shard", row_pack_shard },
+    { "cp_pack_work", row_pack_work },
     { "cp_seq_local_len", row_seq_local_len },
     { "cp_stage_shape", row_stage_shape },
     { "cp_status_string", row_status_string },
