@@ -26,7 +26,7 @@ typedef struct bench_opts {
     bench_transport transport;
     int rank, size;           /* this process in a one-process-per-GPU run */
     const char *nccl_id_file; /* where rank 0 leaves the ncclUniqueId */
-    int only_mode, only_layout; /* --mode / --layout: run just these (-1 = all) */
+    int only_mode, only_layout; /* --mode / --layout: run just these (-1 = all; layout 2 = packed) */
     int memory;                 /* --memory: peak device memory per rank (CUDA, local transport) */
     int default_stream;         /* --stream default: every rank on the device's legacy default stream */
 } bench_opts;

@@ -7,6 +7,13 @@
  * run spread over processes. Inputs are made on the host, copied to the
  * device, sharded with cp_layout_shard() and results reassembled with
  * cp_layout_gather().
+ *
+ * Then the same for one packed row of documents (API 1.1): a fixed mix of
+ * document lengths split by a GREEDY cp_pack, sharded with cp_pack_shard(),
+ * attention through cp_attn_forward_ex() / cp_attn_backward_ex() with the
+ * pack, results reassembled with cp_pack_gather(), and compared with a
+ * single-rank run of the same row (a pack of one rank: the same document
+ * mask); one row adds a sliding window and attention sinks.
  */
 #include <math.h>
 #include <pthread.h>
@@ -27,13 +34,25 @@
 /* Global tensors in host memory (storage type), and results. */
 typedef struct demo_data {
     void *q, *k, *v, *dout;
+    float *sinks;             /* [heads] sink logits (packed runs with sinks) */
     void *out, *dq, *dk, *dv; /* results gathered from rank 0 */
+    float *dsinks;            /* the sinks' gradient summed over the ranks */
 } demo_data;
+
+/* A packed row of documents: the first batch row of the inputs, seq tokens. */
+typedef struct pack_spec {
+    const int64_t *cu; /* num_seqs + 1 document offsets */
+    int num_seqs;
+    cp_balance balance;
+    int64_t window; /* sliding window (0 = none) */
+    int sinks;      /* 1: one sink logit per head */
+} pack_spec;
 
 typedef struct run_spec {
     cp_mode mode;
     cp_layout layout;
     int P, A;
+    const pack_spec *pack; /* CP_LAYOUT_PACKED: the documents; else NULL */
 } run_spec;
 
 enum { MAX_REPS = 100 };
@@ -157,6 +176,9 @@ static void *rank_main(void *arg)
     cp_context *ctx = NULL;
     cp_group *g = NULL;
     cp_attn_plan *plan = NULL;
+    cp_pack *pk = NULL;
+    const pack_spec *ps = sh->r->pack;
+    float *sinks = NULL, *dsinks = NULL;
     void *t[9] = { 0 }; /* q k v dout out dq dk dv lse */
     void *ws = NULL, *global = NULL, *stream = NULL;
     int owed = sh->c->reps + 1; /* arrivals this rank still owes the barrier */
@@ -197,7 +219,22 @@ static void *rank_main(void *arg)
     d.mask = c->mask;
     d.layout = sh->r->layout;
     d.mode = sh->r->mode;
+    if (ps) {
+        d.window = ps->window;
+        d.sinks = ps->sinks;
+    }
     TRY(cp_attn_plan_create(g, &d, &plan));
+    if (ps) {
+        /* every rank makes the same split from the same documents: no communication */
+        cp_pack_config pc = CP_PACK_CONFIG_INIT;
+        pc.cp_size = sh->r->P;
+        pc.cu_seqlens = ps->cu;
+        pc.num_seqs = ps->num_seqs;
+        pc.mask = c->mask;
+        pc.window = ps->window;
+        pc.balance = ps->balance;
+        TRY(cp_pack_create(&pc, &pk));
+    }
     size_t wf, wb;
     TRY(cp_attn_workspace_size(plan, &wf, &wb));
     size_t wmax = wf > wb ? wf : wb;
@@ -209,6 +246,15 @@ static void *rank_main(void *arg)
     if (!(t[8] = dev_alloc(a, (size_t)c->batch * (size_t)c->heads * (size_t)n * sizeof(float))) ||
         !(ws = dev_alloc(a, wmax)) || !(global = dev_alloc(a, gbytes)))
         goto out;
+    const size_t sink_bytes = (size_t)c->heads * sizeof(float);
+    if (ps && ps->sinks) {
+        if (!(sinks = dev_alloc(a, sink_bytes)) || !(dsinks = dev_alloc(a, sink_bytes)))
+            goto out;
+        if (devmem_to_device(dm, sinks, sh->in->sinks, sink_bytes) || devmem_sync(dm)) {
+            fail(a, CP_ERROR_BACKEND, "copy to the device");
+            goto out;
+        }
+    }
     /* the whole tensor goes to the device, where cp_layout_shard cuts this rank's share */
     const void *gin[4] = { sh->in->q, sh->in->k, sh->in->v, sh->in->dout };
     for (int i = 0; i < 4; i++) {
@@ -216,7 +262,10 @@ static void *rank_main(void *arg)
             fail(a, CP_ERROR_BACKEND, "copy to the device");
             goto out;
         }
-        TRY(cp_layout_shard(ctx, d.layout, sh->r->P, rank, global, t[i], c->batch, c->seq, sizes[i]));
+        if (pk)
+            TRY(cp_pack_shard(ctx, pk, rank, global, t[i], sizes[i]));
+        else
+            TRY(cp_layout_shard(ctx, d.layout, sh->r->P, rank, global, t[i], c->batch, c->seq, sizes[i]));
         TRY(cp_context_synchronize(ctx));
     }
     if (!sh->gather) {
@@ -225,6 +274,15 @@ static void *rank_main(void *arg)
         global = NULL;
     }
 
+    /* API 1.1 calls: the pack, the sinks and their gradient */
+    cp_attn_args xf = CP_ATTN_ARGS_INIT;
+    xf.pack = pk;
+    xf.sinks = sinks;
+    xf.workspace = ws;
+    xf.workspace_bytes = wf;
+    cp_attn_args xb = xf;
+    xb.dsinks = dsinks;
+    xb.workspace_bytes = wb;
     for (int rep = -1; rep < c->reps; rep++) {
         pthread_barrier_wait(&sh->barrier);
         owed--;
@@ -234,11 +292,17 @@ static void *rank_main(void *arg)
         if (rep < 0 && rank == 0)
             atomic_store(&sh->sampling, 1);
         double t0 = now();
-        TRY(cp_attn_forward(plan, t[0], t[1], t[2], t[4], t[8], ws, wf));
+        if (ps)
+            TRY(cp_attn_forward_ex(plan, t[0], t[1], t[2], t[4], t[8], &xf));
+        else
+            TRY(cp_attn_forward(plan, t[0], t[1], t[2], t[4], t[8], ws, wf));
         double t0q = now();
         TRY(cp_context_synchronize(ctx));
         double t1 = now();
-        TRY(cp_attn_backward(plan, t[0], t[1], t[2], t[4], t[8], t[3], t[5], t[6], t[7], ws, wb));
+        if (ps)
+            TRY(cp_attn_backward_ex(plan, t[0], t[1], t[2], t[4], t[8], t[3], t[5], t[6], t[7], &xb));
+        else
+            TRY(cp_attn_backward(plan, t[0], t[1], t[2], t[4], t[8], t[3], t[5], t[6], t[7], ws, wb));
         double t1q = now();
         TRY(cp_context_synchronize(ctx));
         double t2 = now();
@@ -265,9 +329,22 @@ static void *rank_main(void *arg)
         const int src[4] = { 4, 5, 6, 7 };
         for (int i = 0; i < 4; i++) {
             size_t bytes = (size_t)c->batch * (size_t)c->seq * sizes[src[i]];
-            TRY(cp_layout_gather(g, d.layout, t[src[i]], global, c->batch, c->seq, sizes[src[i]]));
+            if (pk)
+                TRY(cp_pack_gather(g, pk, t[src[i]], global, sizes[src[i]]));
+            else
+                TRY(cp_layout_gather(g, d.layout, t[src[i]], global, c->batch, c->seq, sizes[src[i]]));
             TRY(cp_context_synchronize(ctx));
             if (rank == 0 && devmem_to_host(dm, gout[i], global, bytes)) {
+                fail(a, CP_ERROR_BACKEND, "copy to the host");
+                goto out;
+            }
+        }
+        if (dsinks) {
+            /* each rank holds the sinks' gradient of its own queries: the
+             * sum over the group, like any replicated parameter's */
+            TRY(cp_grad_all_reduce(ctx, a->comm, dsinks, (size_t)c->heads, CP_DTYPE_F32, CP_GRAD_SUM, 0));
+            TRY(cp_context_synchronize(ctx));
+            if (rank == 0 && devmem_to_host(dm, sh->out->dsinks, dsinks, sink_bytes)) {
                 fail(a, CP_ERROR_BACKEND, "copy to the host");
                 goto out;
             }
@@ -281,6 +358,9 @@ out:
         devmem_free(dm, t[i]);
     devmem_free(dm, ws);
     devmem_free(dm, global);
+    devmem_free(dm, sinks);
+    devmem_free(dm, dsinks);
+    cp_pack_destroy(pk);
     cp_attn_plan_destroy(plan);
     cp_group_destroy(g);
     cp_comm_destroy(a->comm);
@@ -367,12 +447,13 @@ static double median_step(const run_result *rr, int reps)
 }
 
 /* The single-rank run every CP run is compared with: local transport, this
- * process's first device; out gets its results when gather is set. */
-static int run_single(const bench_opts *c, const launch *l, const demo_data *in, demo_data *out, run_result *rr,
-                      const devmem *dm, int cores, int gather)
+ * process's first device; out gets its results when gather is set. With a
+ * pack, the same packed row split for one rank (the same document mask). */
+static int run_single(const bench_opts *c, const launch *l, const pack_spec *ps, const demo_data *in,
+                      demo_data *out, run_result *rr, const devmem *dm, int cores, int gather)
 {
     launch single = { BENCH_LOCAL, 1, 0, 1, l->devices, { 0 } };
-    run_spec one = { CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, 1 };
+    run_spec one = { CP_MODE_P2P, ps ? CP_LAYOUT_PACKED : CP_LAYOUT_CONTIGUOUS, 1, 1, ps };
     bench_opts c1 = *c;
     c1.cp = 1;
     return run(&c1, &single, &one, in, out, rr, dm, cores, gather);
@@ -397,6 +478,7 @@ static void alloc_results(const bench_opts *c, demo_data *d)
     d->dq = malloc(tokens * (size_t)c->heads * (size_t)c->dim * es);
     d->dk = malloc(tokens * (size_t)c->kv_heads * (size_t)c->dim * es);
     d->dv = malloc(tokens * (size_t)c->kv_heads * (size_t)c->dim * es);
+    d->dsinks = calloc((size_t)c->heads, sizeof(float));
 }
 
 static void free_results(demo_data *d)
@@ -405,6 +487,7 @@ static void free_results(demo_data *d)
     free(d->dq);
     free(d->dk);
     free(d->dv);
+    free(d->dsinks);
 }
 
 /* The least device memory one p2p rank can hold at the peak (the backward):
@@ -449,6 +532,189 @@ static const char *transport_name(bench_transport t)
     return t == BENCH_NCCL_THREADS ? "nccl-threads" : t == BENCH_NCCL_FILE ? "nccl-file" : "local";
 }
 
+/* The a2a part of CP for the hybrid mode: the power of two nearest sqrt(P) from above, 1 if it does not divide P. */
+static int hybrid_a2a(int P)
+{
+    int A = 2;
+    while (A * A < P)
+        A *= 2;
+    return P % A ? 1 : A;
+}
+
+/* The demo's packed row: documents of 1000, 333, 211, 190, 120, 77, 64 and
+ * 53 tokens at seq 2048, scaled to other lengths: a long one, a few of
+ * medium size, short ones, none a multiple of the chunk (so chunks straddle
+ * document ends). cu receives the offsets; returns the number of documents. */
+static int demo_docs(int64_t T, int64_t cu[9])
+{
+    static const int64_t len[8] = { 1000, 333, 211, 190, 120, 77, 64, 53 };
+    int n = 0;
+    int64_t at = 0;
+    cu[0] = 0;
+    for (int i = 0; i < 8; i++) {
+        at += len[i];
+        const int64_t end = i == 7 ? T : at * T / 2048;
+        if (end > cu[n])
+            cu[++n] = end;
+    }
+    return n;
+}
+
+/* The most work of a rank over the mean (cp_pack_work: visible query-key
+ * pairs of its queries), 1 = even, for a split of ps over P ranks; -1 if
+ * the pack cannot be made. */
+static double pack_imbalance(const pack_spec *ps, int P, cp_mask mask, cp_balance balance)
+{
+    cp_pack_config pc = CP_PACK_CONFIG_INIT;
+    pc.cp_size = P;
+    pc.cu_seqlens = ps->cu;
+    pc.num_seqs = ps->num_seqs;
+    pc.mask = mask;
+    pc.window = ps->window;
+    pc.balance = balance;
+    cp_pack *pk = NULL;
+    if (cp_pack_create(&pc, &pk) != CP_SUCCESS)
+        return -1;
+    double top = 0, sum = 0;
+    for (int r = 0; r < P; r++) {
+        double w = 0;
+        if (cp_pack_work(pk, r, &w) != CP_SUCCESS) {
+            cp_pack_destroy(pk);
+            return -1;
+        }
+        top = fmax(top, w);
+        sum += w;
+    }
+    cp_pack_destroy(pk);
+    return sum > 0 ? top * P / sum : 1;
+}
+
+/* The packed-documents table: the first sample's row of the inputs as one
+ * packed row of documents, every mode on a GREEDY split, and p2p once more
+ * with a sliding window and sinks, each against the same row on one rank.
+ * Returns the number of failed or mismatching runs. */
+static int packed_table(const bench_opts *c, const launch *l, const demo_data *in, const devmem *dm, int cores,
+                        int lead, double tol)
+{
+    static const char *mode_names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
+    bench_opts cb = *c;
+    cb.batch = 1; /* a packed row is one sample */
+    int64_t cu[9];
+    const int nd = demo_docs(cb.seq, cu);
+    const int64_t W = cb.seq / 8 > 0 ? cb.seq / 8 : 1;
+    const pack_spec packs[2] = { { cu, nd, CP_BALANCE_GREEDY, 0, 0 }, { cu, nd, CP_BALANCE_GREEDY, W, 1 } };
+    char wname[48];
+    snprintf(wname, sizeof wname, "docs W=%lld sinks", (long long)W);
+    const char *att_names[2] = { "documents", wname };
+    const size_t nq = (size_t)cb.seq * (size_t)cb.heads * (size_t)cb.dim;
+    const size_t nk = (size_t)cb.seq * (size_t)cb.kv_heads * (size_t)cb.dim;
+    demo_data ref = { 0 }, got = { 0 };
+    alloc_results(&cb, &ref);
+    alloc_results(&cb, &got);
+    run_result *rr = calloc(1, sizeof *rr);
+    int bad = 0;
+    if (lead) {
+        printf("\npacked documents (CP_LAYOUT_PACKED): one row of %lld tokens, %d documents of", (long long)cb.seq,
+               nd);
+        for (int i = 0; i < nd; i++)
+            printf(" %lld", (long long)(cu[i + 1] - cu[i]));
+        printf(" tokens, CP_BALANCE_GREEDY split\n");
+        printf("%-10s %-16s %4s %7s %9s  %9s %9s %9s %9s %9s  %9s %9s %9s %7s %7s  %10s", "mode", "attention", "cp",
+               "a2a*p2p", "work x", "err out", "err dq", "err dk", "err dv", "err sinks", "fwd ms", "bwd ms",
+               "step ms", "vs cp1", "f+b/cp1", "ws/rank");
+        if (cb.memory)
+            printf("  %9s %9s %6s", "peak MiB", "min MiB", "x min");
+        if (cb.cuda)
+            printf("  %8s %8s", "host fwd", "host bwd");
+        printf("\n");
+    }
+    for (int v = 0; v < 2; v++) {
+        const pack_spec *ps = &packs[v];
+        /* the window and sinks once, on the ring */
+        const int first_mode = v ? CP_MODE_P2P : 0, last_mode = v ? CP_MODE_P2P : CP_MODE_A2A_P2P;
+        if (c->only_mode >= 0 && (c->only_mode < first_mode || c->only_mode > last_mode))
+            continue;
+        if (ps->sinks)
+            for (int h = 0; h < cb.heads; h++)
+                in->sinks[h] = (float)(h % 3) - 1.0f + 0.25f * (float)h / (float)cb.heads;
+        double one_s = 0, one_fb = 0;
+        int have_ref = 0;
+        if (lead) {
+            if (run_single(&cb, l, ps, in, &ref, rr, dm, cores, !cb.timing_only)) {
+                printf("%-10s %-16s %4d %7s %9s  single-rank run: %s\n", "(single)", att_names[v], 1, "-", "-",
+                       rr->error);
+                bad += rr->status != CP_ERROR_UNSUPPORTED;
+            } else {
+                const double f = median(rr->fwd_s, cb.reps), b = median(rr->bwd_s, cb.reps);
+                one_s = median_step(rr, cb.reps);
+                one_fb = f + b;
+                have_ref = 1;
+                printf("%-10s %-16s %4d %7s %9.3f  %9s %9s %9s %9s %9s  %9.2f %9.2f %9.2f %7.3f %7.3f  %7.2f MiB",
+                       "(single)", att_names[v], 1, "-", 1.0, "-", "-", "-", "-", "-", 1e3 * f, 1e3 * b, 1e3 * one_s,
+                       1.0, 1.0, (double)rr->ws_bytes / 1048576.0);
+                print_memory(&cb, rr, 1, 1);
+                print_host(&cb, rr);
+                printf("\n");
+            }
+        }
+        for (int mode = first_mode; mode <= last_mode; mode++) {
+            if (c->only_mode >= 0 && mode != c->only_mode)
+                continue;
+            run_spec r = { (cp_mode)mode, CP_LAYOUT_PACKED, cb.cp, 1, ps };
+            if (mode == CP_MODE_A2A_P2P)
+                r.A = hybrid_a2a(cb.cp);
+            char fact[16];
+            snprintf(fact, sizeof fact, "%dx%d", mode == CP_MODE_A2A ? cb.cp : r.A,
+                     mode == CP_MODE_A2A ? 1 : cb.cp / r.A);
+            const double imb = pack_imbalance(ps, cb.cp, cb.mask, ps->balance);
+            if (run(&cb, l, &r, in, &got, rr, dm, cores, !cb.timing_only)) {
+                if (lead)
+                    printf("%-10s %-16s %4d %7s %9.3f  %s\n", mode_names[mode], att_names[v], cb.cp, fact, imb,
+                           rr->error);
+                if (rr->status != CP_ERROR_UNSUPPORTED)
+                    bad++;
+                continue;
+            }
+            if (!lead)
+                continue;
+            const double f = median(rr->fwd_s, cb.reps), b = median(rr->bwd_s, cb.reps), st = median_step(rr, cb.reps);
+            char errs[64] = "        -         -         -         -         -";
+            int ok = 1;
+            if (!cb.timing_only && have_ref) {
+                const double e[5] = { max_rel(got.out, ref.out, cb.dtype, nq), max_rel(got.dq, ref.dq, cb.dtype, nq),
+                                      max_rel(got.dk, ref.dk, cb.dtype, nk), max_rel(got.dv, ref.dv, cb.dtype, nk),
+                                      ps->sinks ? max_rel(got.dsinks, ref.dsinks, CP_DTYPE_F32, (size_t)cb.heads) : 0 };
+                ok = e[0] <= tol && e[1] <= tol && e[2] <= tol && e[3] <= tol && e[4] <= tol;
+                const int w = snprintf(errs, sizeof errs, "%9.2e %9.2e %9.2e %9.2e ", e[0], e[1], e[2], e[3]);
+                if (ps->sinks)
+                    snprintf(errs + w, sizeof errs - (size_t)w, "%9.2e", e[4]);
+                else
+                    snprintf(errs + w, sizeof errs - (size_t)w, "%9s", "-");
+            }
+            bad += !ok;
+            printf("%-10s %-16s %4d %7s %9.3f  %s  %9.2f %9.2f %9.2f %7.3f %7.3f  %7.2f MiB", mode_names[mode],
+                   att_names[v], cb.cp, fact, imb, errs, 1e3 * f, 1e3 * b, 1e3 * st, one_s > 0 ? st / one_s : 0,
+                   one_fb > 0 ? (f + b) / one_fb : 0, (double)rr->ws_bytes / 1048576.0);
+            print_memory(&cb, rr, cb.cp, mode == CP_MODE_P2P);
+            print_host(&cb, rr);
+            printf("%s\n", ok ? "" : "  MISMATCH");
+            fflush(stdout);
+        }
+    }
+    if (lead) {
+        const double contig = pack_imbalance(&packs[0], cb.cp, cb.mask, CP_BALANCE_CONTIGUOUS);
+        printf("packed: attention never crosses a document; the single-rank run takes the same row as a pack\n"
+               "of one rank (the same document mask); err sinks: the sinks' gradient, each rank's share summed\n"
+               "with cp_grad_all_reduce; work x: the most visible (query, key) pairs of a rank over the mean\n"
+               "(cp_pack_work), 1 = even; the same row cut in %d contiguous pieces: %.3f\n",
+               cb.cp, contig);
+    }
+    free(rr);
+    free_results(&got);
+    free_results(&ref);
+    return bad;
+}
+
 int bench_demo(const bench_opts *o)
 {
     bench_opts c = *o;
@@ -490,14 +756,18 @@ int bench_demo(const bench_opts *o)
     fill(in.k, c.dtype, nk, &seed);
     fill(in.v, c.dtype, nk, &seed);
     fill(in.dout, c.dtype, nq, &seed);
+    in.sinks = calloc((size_t)c.heads, sizeof(float));
 
+    /* --layout packed: the packed-documents table only; contiguous or zigzag: no packed table */
+    const int dense = c.only_layout != CP_LAYOUT_PACKED,
+              packed = c.only_layout < 0 || c.only_layout == CP_LAYOUT_PACKED;
     demo_data ref = { 0 };
     alloc_results(&c, &ref);
     run_result *rr = calloc(1, sizeof *rr);
     double one_s = 0, one_fb = 0;
     int bad = 0;
-    if (lead) {
-        if (run_single(&c, &l, &in, &ref, rr, &dm, cores, !c.timing_only)) {
+    if (lead && dense) {
+        if (run_single(&c, &l, NULL, &in, &ref, rr, &dm, cores, !c.timing_only)) {
             fprintf(stderr, "single-rank run failed: %s\n", rr->error);
             return 1;
         }
@@ -527,14 +797,9 @@ int bench_demo(const bench_opts *o)
         for (int layout = 0; layout < 2; layout++) {
             if ((c.only_mode >= 0 && mode != c.only_mode) || (c.only_layout >= 0 && layout != c.only_layout))
                 continue;
-            run_spec r = { (cp_mode)mode, (cp_layout)layout, c.cp, 1 };
-            if (mode == CP_MODE_A2A_P2P) {
-                r.A = 2;
-                while (r.A * r.A < c.cp)
-                    r.A *= 2;
-                if (c.cp % r.A)
-                    r.A = 1;
-            }
+            run_spec r = { (cp_mode)mode, (cp_layout)layout, c.cp, 1, NULL };
+            if (mode == CP_MODE_A2A_P2P)
+                r.A = hybrid_a2a(c.cp);
             char fact[16];
             snprintf(fact, sizeof fact, "%dx%d", mode == CP_MODE_A2A ? c.cp : r.A,
                      mode == CP_MODE_A2A ? 1 : c.cp / r.A);
@@ -566,16 +831,18 @@ int bench_demo(const bench_opts *o)
             printf("%s\n", ok ? "" : "  MISMATCH");
             fflush(stdout);
         }
-    if (lead) {
+    if (lead && dense) {
         /* The single-rank run once more: a GPU that clocks down as it warms
          * up would make the later CP runs look slower than they are; the
          * difference between the two single-rank runs shows how much. */
-        if (run_single(&c, &l, &in, &got, rr, &dm, cores, 0) == 0) {
+        if (run_single(&c, &l, NULL, &in, &got, rr, &dm, cores, 0) == 0) {
             double f = median(rr->fwd_s, c.reps), b = median(rr->bwd_s, c.reps), st = median_step(rr, c.reps);
             printf("%-10s %-10s %4d %7s  %9s %9s %9s %9s  %9.2f %9.2f %9.2f %7.3f %7.3f\n", "(single)", "again", 1, "-",
                    "-", "-", "-", "-", 1e3 * f, 1e3 * b, 1e3 * st, st / one_s, (f + b) / one_fb);
         }
     }
+    if (packed)
+        bad += packed_table(&c, &l, &in, &dm, cores, lead, tol);
     if (lead) {
         printf("\nfwd/bwd: median of %d repetitions after a warm-up, slowest rank, host clock after\n"
                "cp_context_synchronize; step: from the first rank's start of the forward to the last\n"
@@ -596,7 +863,8 @@ int bench_demo(const bench_opts *o)
         if (!c.timing_only) {
             printf("err: max |x - x_cp1| / max |x_cp1| over the whole tensor; tolerance %.0e\n", tol);
             printf("%s\n", bad ? "FAILED: some runs differ from the single-rank result"
-                               : "all modes and layouts match the single-rank result");
+                               : packed ? "all modes, layouts and packed rows match the single-rank result"
+                                        : "all modes and layouts match the single-rank result");
         }
     }
     free(rr);
@@ -606,6 +874,7 @@ int bench_demo(const bench_opts *o)
     free(in.k);
     free(in.v);
     free(in.dout);
+    free(in.sinks);
     launch_fini(&l);
     return bad ? 1 : 0;
 }

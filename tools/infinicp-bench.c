@@ -8,6 +8,7 @@
 
 #include "bench.h"
 #include "kernel_bench.h"
+#include "pack_bench.h"
 
 static void usage(FILE *f)
 {
@@ -23,6 +24,10 @@ static void usage(FILE *f)
             "  --version         print the library version\n"
             "  --kernel ...      time the single-device CPU kernels against OpenBLAS sgemm\n"
             "                    (--kernel --help lists its options)\n"
+            "  --pack ...        how the cp_pack policies split packed documents: work\n"
+            "                    imbalance, padding and ring traffic per mix and CP size\n"
+            "                    (options: --tokens N, --mask causal|none, --window W,\n"
+            "                    --chunk C, --cp P, --mix NAME, --kv-heads N, --dim N)\n"
             "options:\n"
             "  --cp N            CP group size (default 4)\n"
             "  --seq N           global sequence length (default 2048)\n"
@@ -37,7 +42,8 @@ static void usage(FILE *f)
             "  --reps N          timed repetitions after one warm-up, median shown (default 3)\n"
             "  --timing-only     skip the gathers and the error columns\n"
             "  --mode M          only this mode: all_gather, p2p, a2a or a2a_p2p\n"
-            "  --layout L        only this layout: contiguous or zigzag\n"
+            "  --layout L        only this layout: contiguous, zigzag or packed (the table of\n"
+            "                    packed documents, which runs after the dense one by default)\n"
             "  --memory          peak device memory per rank against the analytical minimum\n"
             "                    (CUDA, local transport; implies --timing-only)\n"
             "  --stream S        CUDA: own (default; each rank a non-blocking stream of its\n"
@@ -108,6 +114,8 @@ int main(int argc, char **argv)
         long long v;
         if (!strcmp(a, "--kernel"))
             return kernel_bench_main(argc - i - 1, argv + i + 1, usage);
+        if (!strcmp(a, "--pack"))
+            return pack_bench_main(argc - i - 1, argv + i + 1, usage);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -142,11 +150,12 @@ int main(int argc, char **argv)
             }
             i++;
         } else if (!strcmp(a, "--layout")) {
-            if (!val || (strcmp(val, "contiguous") && strcmp(val, "zigzag"))) {
-                fprintf(stderr, "infinicp-bench: --layout takes contiguous or zigzag\n");
+            if (!val || (strcmp(val, "contiguous") && strcmp(val, "zigzag") && strcmp(val, "packed"))) {
+                fprintf(stderr, "infinicp-bench: --layout takes contiguous, zigzag or packed\n");
                 return 2;
             }
-            o.only_layout = !strcmp(val, "zigzag");
+            o.only_layout = !strcmp(val, "zigzag") ? CP_LAYOUT_ZIGZAG : !strcmp(val, "packed") ? CP_LAYOUT_PACKED
+                                                                                               : CP_LAYOUT_CONTIGUOUS;
             i++;
         } else if (!strcmp(a, "--device")) {
             if (!val || (strcmp(val, "cpu") && strcmp(val, "cuda"))) {

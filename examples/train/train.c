@@ -26,7 +26,17 @@
  * Everything else (embedding, norms, MLP, LM head, optimizer) is the
  * single-device code, unchanged: those layers work token by token.
  *
- * Usage: train-example [--steps N] [--dtype f32|bf16|all] [--tiny]
+ * With --packed every sample is one packed row of several documents (API
+ * 1.1), as trainers that pack short documents into long rows do. Then
+ * step 3 makes a cp_pack of each row (the documents' offsets, the same on
+ * every rank of the CP group) and shards with it, step 4 gives RoPE each
+ * token's position inside its document (cp_pack_positions), and step 5
+ * passes the pack to cp_attn_forward_ex / cp_attn_backward_ex, so that no
+ * token attends across a document boundary. The reference is the same
+ * packed rows on one rank (a pack of one rank: the same document mask).
+ * Look for "packed".
+ *
+ * Usage: train-example [--steps N] [--dtype f32|bf16|all] [--tiny] [--packed]
  *                      [--device cpu|cuda] [--bf16-bound X] [--verbose]
  * Build against an installed library:
  *   cc -O2 train.c model.c devmem.c $(pkg-config --cflags --libs infinicp) \
@@ -51,6 +61,7 @@ typedef struct opts {
     int64_t batch, seq; /* the GLOBAL batch: sequences x tokens per step */
     int steps;
     int cuda, verbose;
+    int packed; /* each sequence is a packed row of documents */
     double f32_bound, bf16_bound;
     adamw opt;
     uint64_t seed;
@@ -59,9 +70,10 @@ typedef struct opts {
 typedef struct run_cfg {
     int cp, dp;
     cp_mode mode;
-    cp_layout layout;
+    cp_layout layout; /* CP_LAYOUT_PACKED with --packed */
     int a2a; /* a2a part of CP for CP_MODE_A2A_P2P */
     cp_dtype dtype;
+    cp_balance balance; /* packed: how each row is split */
 } run_cfg;
 
 /* What a run leaves behind. */
@@ -87,6 +99,17 @@ static uint64_t next(uint64_t *s)
     return *s >> 33;
 }
 
+/* The successors of every token in the corpus' Markov chain (below). */
+static int32_t *successors(const opts *o)
+{
+    const int V = o->model.vocab;
+    uint64_t s = o->seed ^ 0x9e3779b97f4a7c15ull;
+    int32_t *succ = malloc((size_t)V * 4 * sizeof *succ);
+    for (int i = 0; succ && i < V * 4; i++)
+        succ[i] = (int32_t)(next(&s) % (uint64_t)V);
+    return succ;
+}
+
 /* A synthetic corpus with something to learn: a fixed random Markov chain in
  * which each token has four equally likely successors (the best possible
  * loss is ln 4 = 1.386). Every rank builds the same global batch of step
@@ -95,17 +118,54 @@ static uint64_t next(uint64_t *s)
 static void make_batch(const opts *o, int step, int32_t *seqs)
 {
     const int V = o->model.vocab;
-    uint64_t s = o->seed ^ 0x9e3779b97f4a7c15ull;
-    int32_t *succ = malloc((size_t)V * 4 * sizeof *succ);
-    for (int i = 0; i < V * 4; i++)
-        succ[i] = (int32_t)(next(&s) % (uint64_t)V);
-    s = o->seed + 7919u * (uint64_t)(step + 1);
+    int32_t *succ = successors(o);
+    uint64_t s = o->seed + 7919u * (uint64_t)(step + 1);
     for (int64_t b = 0; b < o->batch; b++) {
         int32_t t = (int32_t)(next(&s) % (uint64_t)V);
         for (int64_t p = 0; p <= o->seq; p++) {
             seqs[b * (o->seq + 1) + p] = t;
             t = succ[t * 4 + (int)(next(&s) % 4)];
         }
+    }
+    free(succ);
+}
+
+/* Documents per packed row, at most. */
+#define MAX_DOCS 64
+
+/* packed: the same corpus cut into documents, several to a row. Each row of
+ * seq tokens holds documents of random lengths (1 to seq / 2 tokens, the
+ * last one what is left), each its own chain from a random first token, as
+ * a data loader that packs short documents into rows delivers them. in and
+ * lab: batch rows of seq tokens, the inputs and the next token of each IN
+ * ITS DOCUMENT (the last token of a document is not asked to predict the
+ * first of the next); cu: per row MAX_DOCS + 1 document offsets; docs: per
+ * row the number of documents. */
+static void make_packed_batch(const opts *o, int step, int32_t *in, int32_t *lab, int64_t *cu, int *docs)
+{
+    const int V = o->model.vocab;
+    const int64_t S = o->seq, longest = S / 2 > 0 ? S / 2 : 1;
+    int32_t *succ = successors(o);
+    uint64_t s = (o->seed ^ 0x5bd1e995u) + 104729u * (uint64_t)(step + 1);
+    for (int64_t b = 0; b < o->batch; b++) {
+        int64_t *c = cu + b * (MAX_DOCS + 1);
+        int n = 0;
+        c[0] = 0;
+        while (c[n] < S) {
+            const int64_t left = S - c[n];
+            int64_t len = 1 + (int64_t)(next(&s) % (uint64_t)(left < longest ? left : longest));
+            if (n == MAX_DOCS - 1)
+                len = left;
+            int32_t t = (int32_t)(next(&s) % (uint64_t)V);
+            for (int64_t p = c[n]; p < c[n] + len; p++) {
+                in[b * S + p] = t;
+                t = succ[t * 4 + (int)(next(&s) % 4)];
+                lab[b * S + p] = t;
+            }
+            c[n + 1] = c[n] + len;
+            n++;
+        }
+        docs[b] = n;
     }
     free(succ);
 }
@@ -165,8 +225,13 @@ typedef struct rank {
     int cp_rank, dp_rank;
 
     int64_t local_batch, local_seq, n; /* n = local_batch * local_seq tokens */
-    int64_t *pos;                      /* global position of each local token */
+    int64_t *pos;                      /* global position of each local token (packed: in its document) */
     int32_t *seqs, *tokens, *labels, *global_in, *global_lab;
+    /* packed: every global row's document offsets and count, and the split
+     * of each of this replica's rows (one pack per row, remade every step) */
+    int64_t *cu;
+    int *docs;
+    cp_pack **packs;
 
     model m;
     float *params, *grads, *m1, *m2;
@@ -278,23 +343,34 @@ static int setup_attention(rank *r)
     d.dtype = r->r->dtype;
     d.format = CP_FORMAT_BSHD; /* rows [batch][token], as the model stores them */
     d.batch = r->o->batch / r->r->dp;
+    /* packed: a packed row is one sample with documents of its own, so
+     * the plan is for one row and each of the replica's rows is a call
+     * with that row's pack (one plan serves every pack of its length) */
+    if (r->o->packed)
+        d.batch = 1;
     d.seq_len = r->o->seq; /* GLOBAL */
     d.num_heads = c->heads;
     d.num_kv_heads = c->kv_heads; /* GQA: no repeated K/V copies needed */
     d.head_dim = c->head_dim;
-    d.mask = CP_MASK_CAUSAL;      /* on global positions */
+    d.mask = CP_MASK_CAUSAL;      /* on global positions (packed: and inside each document) */
     d.layout = r->r->layout;
     d.mode = r->r->mode;
     TRY(cp_attn_plan_create(r->group, &d, &r->plan));
 
-    /* The sizes of everything outside attention follow from the layout. */
-    r->local_batch = d.batch;
-    TRY(cp_seq_local_len(r->topo, &d, &r->local_seq));
+    /* The sizes of everything outside attention follow from the layout.
+     * A packed row's share is T / P tokens, like a contiguous one's. */
+    cp_attn_desc shares = d;
+    if (r->o->packed) {
+        shares.layout = CP_LAYOUT_CONTIGUOUS;
+        shares.batch = r->o->batch / r->r->dp;
+    }
+    r->local_batch = shares.batch;
+    TRY(cp_seq_local_len(r->topo, &shares, &r->local_seq));
     r->n = r->local_batch * r->local_seq;
     /* With pipeline parallelism this is the tensor a stage would send to
      * the next; here it is the residual stream's size. */
     int64_t shape[3];
-    TRY(cp_stage_shape(r->topo, &d, c->dim, 0, shape, NULL));
+    TRY(cp_stage_shape(r->topo, &shares, c->dim, 0, shape, NULL));
     NEED(shape[0] * shape[1] == r->n && shape[2] == c->dim);
 
     size_t wf, wb;
@@ -308,6 +384,8 @@ static int setup_attention(rank *r)
  * order of its local tokens. With zigzag they are two separate chunks. */
 static int setup_positions(rank *r)
 {
+    if (r->o->packed)
+        return 0; /* they change with the documents: load_batch */
     int64_t *p = malloc((size_t)r->local_seq * sizeof *p);
     NEED(p != NULL);
     cp_status s = cp_layout_positions(r->r->layout, r->r->cp, r->cp_rank, r->o->seq, p);
@@ -341,6 +419,12 @@ static int setup_buffers(rank *r)
     r->stage = calloc(nq, es);
     NEED(r->params && r->grads && r->m1 && r->m2 && r->grads16 && r->pos && r->tokens && r->labels &&
          r->seqs && r->global_in && r->global_lab && r->stage);
+    if (r->o->packed) {
+        r->cu = calloc((size_t)r->o->batch * (MAX_DOCS + 1), sizeof *r->cu);
+        r->docs = calloc((size_t)r->o->batch, sizeof *r->docs);
+        r->packs = calloc((size_t)r->local_batch, sizeof *r->packs);
+        NEED(r->cu && r->docs && r->packs);
+    }
     NEED(acts_alloc(&r->a, &r->m, r->n) == 0);
     for (int l = 0; l < c->layers; l++) {
         NEED((r->q[l] = devmem_alloc(r->dev, nq * es)) && (r->k[l] = devmem_alloc(r->dev, nkv * es)) &&
@@ -371,6 +455,19 @@ static int download(rank *r, float *dst, const void *src, size_t count, int add)
     return 0;
 }
 
+/* packed: tensor X's local row b (the plan is for one row), of per_token
+ * elements per token in the CP dtype. */
+static void *row_of(const rank *r, const void *x, int64_t b, size_t per_token)
+{
+    return (char *)x + (size_t)(b * r->local_seq) * per_token * dsize(r->r->dtype);
+}
+
+/* packed: row b's lse, [heads, local_seq] floats. */
+static float *lse_row(const rank *r, float *lse, int64_t b)
+{
+    return lse + (size_t)(b * r->local_seq) * (size_t)r->o->model.heads;
+}
+
 /*
  * CP step 5: attention through the plan. q, k, v hold this rank's tokens
  * only; the plan moves K/V (or Q/K/V) between the ranks of the group as its
@@ -385,7 +482,22 @@ static int attn_forward(void *self, int l, const float *q, const float *k, const
     const size_t nkv = (size_t)r->n * (size_t)(r->o->model.kv_heads * r->o->model.head_dim);
     if (upload(r, r->q[l], q, nq) || upload(r, r->k[l], k, nkv) || upload(r, r->v[l], v, nkv))
         return -1;
-    TRY(cp_attn_forward(r->plan, r->q[l], r->k[l], r->v[l], r->att[l], r->lse[l], r->ws, r->ws_bytes));
+    if (!r->o->packed) {
+        TRY(cp_attn_forward(r->plan, r->q[l], r->k[l], r->v[l], r->att[l], r->lse[l], r->ws, r->ws_bytes));
+        return download(r, out, r->att[l], nq, 0);
+    }
+    /* packed: one call per row, with the row's pack: attention stays
+     * inside each document */
+    const size_t tq = (size_t)r->o->model.dim, tkv = (size_t)(r->o->model.kv_heads * r->o->model.head_dim);
+    cp_attn_args x = CP_ATTN_ARGS_INIT;
+    x.workspace = r->ws;
+    x.workspace_bytes = r->ws_bytes;
+    for (int64_t b = 0; b < r->local_batch; b++) {
+        x.pack = r->packs[b];
+        TRY(cp_attn_forward_ex(r->plan, row_of(r, r->q[l], b, tq), row_of(r, r->k[l], b, tkv),
+                               row_of(r, r->v[l], b, tkv), row_of(r, r->att[l], b, tq), lse_row(r, r->lse[l], b),
+                               &x));
+    }
     return download(r, out, r->att[l], nq, 0);
 }
 
@@ -396,10 +508,56 @@ static int attn_backward(void *self, int l, const float *dout, float *dq, float 
     const size_t nkv = (size_t)r->n * (size_t)(r->o->model.kv_heads * r->o->model.head_dim);
     if (upload(r, r->dout, dout, nq))
         return -1;
-    TRY(cp_attn_backward(r->plan, r->q[l], r->k[l], r->v[l], r->att[l], r->lse[l], r->dout, r->dq, r->dk, r->dv,
-                         r->ws, r->ws_bytes));
+    if (!r->o->packed) {
+        TRY(cp_attn_backward(r->plan, r->q[l], r->k[l], r->v[l], r->att[l], r->lse[l], r->dout, r->dq, r->dk,
+                             r->dv, r->ws, r->ws_bytes));
+    } else {
+        const size_t tq = (size_t)r->o->model.dim, tkv = (size_t)(r->o->model.kv_heads * r->o->model.head_dim);
+        cp_attn_args x = CP_ATTN_ARGS_INIT;
+        x.workspace = r->ws;
+        x.workspace_bytes = r->ws_bytes;
+        for (int64_t b = 0; b < r->local_batch; b++) {
+            x.pack = r->packs[b];
+            TRY(cp_attn_backward_ex(r->plan, row_of(r, r->q[l], b, tq), row_of(r, r->k[l], b, tkv),
+                                    row_of(r, r->v[l], b, tkv), row_of(r, r->att[l], b, tq),
+                                    lse_row(r, r->lse[l], b), row_of(r, r->dout, b, tq), row_of(r, r->dq, b, tq),
+                                    row_of(r, r->dk, b, tkv), row_of(r, r->dv, b, tkv), &x));
+        }
+    }
     if (download(r, dq, r->dq, nq, 1) || download(r, dk, r->dk, nkv, 1) || download(r, dv, r->dv, nkv, 1))
         return -1;
+    return 0;
+}
+
+/*
+ * CP steps 3 and 4, packed: every rank reads the same rows and their
+ * document offsets (cu_seqlens); each CP group makes the same cp_pack of
+ * each of its replica's rows (deterministic, no communication), shards
+ * tokens and labels with it, and takes each token's position inside its
+ * document for RoPE. Labels are already per document (make_packed_batch),
+ * so nothing is shifted across a document boundary.
+ */
+static int load_packed_batch(rank *r, int step)
+{
+    const int64_t S = r->o->seq, L = r->local_seq;
+    make_packed_batch(r->o, step, r->global_in, r->global_lab, r->cu, r->docs);
+    for (int64_t b = 0; b < r->local_batch; b++) {
+        const int64_t row = (int64_t)r->dp_rank * r->local_batch + b; /* this replica's rows */
+        cp_pack_destroy(r->packs[b]);
+        r->packs[b] = NULL;
+        cp_pack_config pc = CP_PACK_CONFIG_INIT;
+        pc.cp_size = r->r->cp;
+        pc.cu_seqlens = r->cu + row * (MAX_DOCS + 1);
+        pc.num_seqs = r->docs[row];
+        pc.mask = CP_MASK_CAUSAL;
+        pc.balance = r->r->balance;
+        TRY(cp_pack_create(&pc, &r->packs[b]));
+        TRY(cp_pack_shard(r->host, r->packs[b], r->cp_rank, r->global_in + row * S, r->tokens + b * L,
+                          sizeof(int32_t)));
+        TRY(cp_pack_shard(r->host, r->packs[b], r->cp_rank, r->global_lab + row * S, r->labels + b * L,
+                          sizeof(int32_t)));
+        TRY(cp_pack_positions(r->packs[b], r->cp_rank, NULL, r->pos + b * L, NULL));
+    }
     return 0;
 }
 
@@ -414,6 +572,8 @@ static int attn_backward(void *self, int l, const float *dout, float *dq, float 
 static int load_batch(rank *r, int step)
 {
     const int64_t S = r->o->seq, B = r->o->batch;
+    if (r->o->packed)
+        return load_packed_batch(r, step);
     make_batch(r->o, step, r->seqs);
     for (int64_t b = 0; b < B; b++)
         for (int64_t p = 0; p < S; p++) {
@@ -433,7 +593,8 @@ static int train_step(rank *r, int step)
     const attn_iface attn = { r, attn_forward, attn_backward };
     if (load_batch(r, step))
         return -1;
-    /* CP step 4 happens inside: RoPE rotates by r->pos, the global positions. */
+    /* CP step 4 happens inside: RoPE rotates by r->pos, the global positions
+     * (packed: the positions inside each token's document). */
     if (model_forward(&r->m, r->params, r->tokens, r->pos, r->n, &attn, &r->a))
         return -1;
 
@@ -508,6 +669,11 @@ static void teardown(rank *r)
     free(r->global_in);
     free(r->global_lab);
     free(r->stage);
+    for (int64_t b = 0; r->packs && b < r->local_batch; b++)
+        cp_pack_destroy(r->packs[b]);
+    free(r->packs);
+    free(r->cu);
+    free(r->docs);
     /* plans before groups, groups before their context and communicator */
     cp_attn_plan_destroy(r->plan);
     cp_group_destroy(r->group);
@@ -579,10 +745,32 @@ static double max_rel_dev(const double *a, const double *ref, int n)
 
 static void print_losses(const char *label, const double *l, int n)
 {
-    printf("  %-30s", label);
+    printf("  %-32s", label);
     for (int i = 0; i < n; i++)
-        printf("%s%.6f", i && i % 10 == 0 ? "\n" "                                 " : " ", l[i]);
+        printf("%s%.6f", i && i % 10 == 0 ? "\n" "                                   " : " ", l[i]);
     printf("\n");
+}
+
+/* packed: the documents of the first step's rows (each step draws others). */
+static void print_docs(const opts *o)
+{
+    const size_t rows = (size_t)o->batch, S = (size_t)o->seq;
+    int32_t *in = malloc(rows * S * sizeof *in), *lab = malloc(rows * S * sizeof *lab);
+    int64_t *cu = malloc(rows * (MAX_DOCS + 1) * sizeof *cu);
+    int *docs = malloc(rows * sizeof *docs);
+    if (in && lab && cu && docs) {
+        make_packed_batch(o, 0, in, lab, cu, docs);
+        for (size_t b = 0; b < rows; b++) {
+            printf("  step 0, row %zu: %d documents of", b, docs[b]);
+            for (int d = 0; d < docs[b]; d++)
+                printf(" %" PRId64, cu[b * (MAX_DOCS + 1) + (size_t)d + 1] - cu[b * (MAX_DOCS + 1) + (size_t)d]);
+            printf(" tokens\n");
+        }
+    }
+    free(in);
+    free(lab);
+    free(cu);
+    free(docs);
 }
 
 /* Train the baseline and every CP configuration in one dtype; returns the
@@ -592,15 +780,23 @@ static int compare(const opts *o, const devmem *dev, cp_dtype dtype)
     const double bound = dtype == CP_DTYPE_F32 ? o->f32_bound : o->bf16_bound;
     run_cfg runs[32];
     int nr = 0;
-    runs[nr++] = (run_cfg){ 1, 1, CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, dtype }; /* the baseline */
+    /* packed: the baseline is the same rows on one rank (a pack of one
+     * rank, the same document mask), and the two "layouts" are two ways of
+     * splitting a row: GREEDY (even work) and CONTIGUOUS (T / P each) */
+    const cp_layout packed = CP_LAYOUT_PACKED;
+    static const cp_balance splits[2] = { CP_BALANCE_GREEDY, CP_BALANCE_CONTIGUOUS };
+    runs[nr++] = o->packed ? (run_cfg){ 1, 1, CP_MODE_P2P, packed, 1, dtype, CP_BALANCE_GREEDY }
+                           : (run_cfg){ 1, 1, CP_MODE_P2P, CP_LAYOUT_CONTIGUOUS, 1, dtype, CP_BALANCE_AUTO };
     const int cps[] = { 2, 4 };
     for (int i = 0; i < 2; i++)
         for (int m = 0; m < 4; m++)
             for (int l = 0; l < 2; l++)
-                runs[nr++] = (run_cfg){ cps[i], 1, (cp_mode)m, (cp_layout)l, 2, dtype };
+                runs[nr++] = o->packed ? (run_cfg){ cps[i], 1, (cp_mode)m, packed, 2, dtype, splits[l] }
+                                       : (run_cfg){ cps[i], 1, (cp_mode)m, (cp_layout)l, 2, dtype, CP_BALANCE_AUTO };
     for (int m = 0; m < 4; m++)
         for (int l = 0; l < 2; l++)
-            runs[nr++] = (run_cfg){ 2, 2, (cp_mode)m, (cp_layout)l, 2, dtype };
+            runs[nr++] = o->packed ? (run_cfg){ 2, 2, (cp_mode)m, packed, 2, dtype, splits[l] }
+                                   : (run_cfg){ 2, 2, (cp_mode)m, (cp_layout)l, 2, dtype, CP_BALANCE_AUTO };
 
     run_out out = { 0 };
     pthread_mutex_init(&out.lock, NULL);
@@ -609,15 +805,19 @@ static int compare(const opts *o, const devmem *dev, cp_dtype dtype)
     out.loss = calloc((size_t)o->steps, sizeof *out.loss);
     int bad = 0;
     double worst = 0;
-    printf("%s: %d steps, global batch %" PRId64 " x %" PRId64 " tokens, bound %.1e\n",
-           dtype == CP_DTYPE_F32 ? "F32" : "BF16", o->steps, o->batch, o->seq, bound);
+    printf("%s: %d steps, global batch %" PRId64 " x %" PRId64 " tokens%s, bound %.1e\n",
+           dtype == CP_DTYPE_F32 ? "F32" : "BF16", o->steps, o->batch, o->seq,
+           o->packed ? " (packed rows of documents)" : "", bound);
+    if (o->packed)
+        print_docs(o);
     for (int i = 0; i < nr; i++) {
         const run_cfg *c = &runs[i];
         char label[64];
         snprintf(label, sizeof label, "cp=%d dp=%d %s %s", c->cp, c->dp, mode_name(c->mode),
-                 c->layout == CP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
+                 c->layout == CP_LAYOUT_PACKED ? (c->balance == CP_BALANCE_GREEDY ? "greedy" : "contiguous")
+                 : c->layout == CP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
         if (run(o, dev, c, &out)) {
-            printf("  %-30s FAILED: %s\n", label, out.error);
+            printf("  %-32s FAILED: %s\n", label, out.error);
             bad++;
             if (i == 0)
                 break; /* nothing to compare with */
@@ -626,14 +826,14 @@ static int compare(const opts *o, const devmem *dev, cp_dtype dtype)
         if (i == 0) {
             memcpy(base, out.loss, (size_t)o->steps * sizeof *base);
             print_losses("cp=1 (baseline), per step:", base, o->steps);
-            printf("  %-30s %10s %10s %12s\n", "run", "first", "last", "max rel dev");
+            printf("  %-32s %10s %10s %12s\n", "run", "first", "last", "max rel dev");
             continue;
         }
         const double dev_ = max_rel_dev(out.loss, base, o->steps);
         worst = dev_ > worst || dev_ != dev_ ? dev_ : worst;
         const int ok = dev_ <= bound;
         bad += !ok;
-        printf("  %-30s %10.6f %10.6f %12.2e %s\n", label, out.loss[0], out.loss[o->steps - 1], dev_,
+        printf("  %-32s %10.6f %10.6f %12.2e %s\n", label, out.loss[0], out.loss[o->steps - 1], dev_,
                ok ? "ok" : "EXCEEDS BOUND");
         if (o->verbose)
             print_losses("  per step:", out.loss, o->steps);
@@ -650,7 +850,7 @@ static int compare(const opts *o, const devmem *dev, cp_dtype dtype)
 static int usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s [--steps N] [--dtype f32|bf16|all] [--tiny] [--device cpu|cuda]\n"
+            "usage: %s [--steps N] [--dtype f32|bf16|all] [--tiny] [--packed] [--device cpu|cuda]\n"
             "          [--bf16-bound X] [--verbose]\n",
             argv0);
     return 2;
@@ -696,6 +896,8 @@ int main(int argc, char **argv)
             o.seq = 16;
         } else if (!strcmp(a, "--verbose")) {
             o.verbose = 1;
+        } else if (!strcmp(a, "--packed")) {
+            o.packed = 1;
         } else {
             return usage(argv[0]);
         }
@@ -716,6 +918,7 @@ int main(int argc, char **argv)
         bad += compare(&o, &dev, CP_DTYPE_F32);
     if (bf16)
         bad += compare(&o, &dev, CP_DTYPE_BF16);
-    printf("%s\n", bad ? "FAILED" : "every CP run reproduces the CP=1 losses");
+    printf("%s\n", bad ? "FAILED" : o.packed ? "every CP run reproduces the CP=1 losses of the packed rows"
+                                           : "every CP run reproduces the CP=1 losses");
     return bad ? 1 : 0;
 }
