@@ -5,8 +5,9 @@
  * GEMM rate (OpenBLAS sgemm, same number of threads) measured in the same run.
  *
  * FLOPs counted: forward 4 * B * H * Sq * Sk * D (Q K^T and P V), halved for
- * the causal mask; backward 2.5 times the forward (Q K^T recomputed, dP, dV,
- * dQ, dK). Softmax work is not counted.
+ * the causal mask, or with a sliding window 4 * B * H * D per visible pair;
+ * backward 2.5 times the forward (Q K^T recomputed, dP, dV, dQ, dK). Softmax
+ * (and softcap) work is not counted.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,6 +30,8 @@ typedef struct {
     int heads, kv_heads, dim, threads, reps;
     cp_dtype dtype;
     int masks; /* bit 0: none, bit 1: causal */
+    int64_t window;
+    double softcap;
 } options;
 
 static double now(void)
@@ -51,6 +54,26 @@ static int parse_int(const char *opt, const char *v, long long lo, long long hi,
     return 0;
 }
 
+static void kernel_usage(FILE *f)
+{
+    fprintf(f, "usage: infinicp-bench --kernel [options]\n\n"
+               "Times cp_kernel_attn_forward and cp_kernel_attn_backward on the CPU, beside\n"
+               "OpenBLAS sgemm with as many threads.\n\n"
+               "options:\n"
+               "  --dtype T     f32, f16 or bf16 (default f32)\n"
+               "  --mask M      causal, none or both (default both)\n"
+               "  --batch N     batch size (default 1)\n"
+               "  --seq N       sequence length, queries and keys (default 4096)\n"
+               "  --heads N     query heads (default 8)\n"
+               "  --kv-heads N  key/value heads (default: --heads)\n"
+               "  --dim N       head dimension (default 128)\n"
+               "  --threads N   threads of the context (default: every core)\n"
+               "  --reps N      timed repetitions after one warm-up, best shown (default 3)\n"
+               "  --window W    sliding window (default 0 = none); GFLOP/s count visible pairs\n"
+               "  --softcap C   logit softcap (default 0 = none)\n");
+}
+
+/* 0: run; 1: --help was printed; -1: a bad option. */
 static int parse(int argc, char **argv, options *o)
 {
     *o = (options){.batch = 1, .seq = 4096, .heads = 8, .kv_heads = 0, .dim = 128, .threads = 0, .reps = 3,
@@ -58,6 +81,10 @@ static int parse(int argc, char **argv, options *o)
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long long x;
+        if (!strcmp(opt, "--help")) {
+            kernel_usage(stdout);
+            return 1;
+        }
         if (!strcmp(opt, "--dtype")) {
             if (!v || (strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16"))) {
                 fprintf(stderr, "infinicp-bench: --dtype must be f32, f16 or bf16\n");
@@ -91,6 +118,16 @@ static int parse(int argc, char **argv, options *o)
         } else if (!strcmp(opt, "--reps")) {
             if (parse_int(opt, v, 1, 1000, &x)) return -1;
             o->reps = (int)x;
+        } else if (!strcmp(opt, "--window")) {
+            if (parse_int(opt, v, 0, INT64_MAX, &x)) return -1;
+            o->window = x;
+        } else if (!strcmp(opt, "--softcap")) {
+            char *end;
+            o->softcap = v ? strtod(v, &end) : -1;
+            if (!v || *end || !(o->softcap >= 0 && o->softcap < 1e30)) {
+                fprintf(stderr, "infinicp-bench: --softcap needs a number >= 0, got '%s'\n", v ? v : "");
+                return -1;
+            }
         } else {
             fprintf(stderr, "infinicp-bench: unknown option '%s'\n", opt);
             return -1;
@@ -183,6 +220,20 @@ static void *random_tensor(size_t n, cp_dtype t, unsigned seed)
     return p;
 }
 
+/* Query-key pairs counted: S^2 (halved under the causal mask), or with a
+ * window the pairs it leaves visible. */
+static double visible_pairs(int64_t S, int causal, int64_t W)
+{
+    if (!W)
+        return (double)S * (double)S * (causal ? 0.5 : 1.0);
+    double n = 0;
+    for (int64_t i = 0; i < S; i++) {
+        int64_t lo = i - W + 1 > 0 ? i - W + 1 : 0, hi = causal ? i + 1 : (S - i > W ? i + W : S);
+        n += (double)(hi - lo);
+    }
+    return n;
+}
+
 static int run(cp_context *ctx, const options *o, double sgemm, int threads)
 {
     int64_t B = o->batch, S = o->seq;
@@ -201,8 +252,13 @@ static int run(cp_context *ctx, const options *o, double sgemm, int threads)
         goto done;
     }
     const char *dn = o->dtype == CP_DTYPE_F32 ? "F32" : o->dtype == CP_DTYPE_F16 ? "F16" : "BF16";
-    printf("attention kernels: batch %lld, heads %d (kv %d), seq %lld, head_dim %d, %s, %d thread%s\n",
-           (long long)B, H, Hk, (long long)S, D, dn, threads, threads == 1 ? "" : "s");
+    printf("attention kernels: batch %lld, heads %d (kv %d), seq %lld, head_dim %d, %s, %d thread%s", (long long)B,
+           H, Hk, (long long)S, D, dn, threads, threads == 1 ? "" : "s");
+    if (o->window)
+        printf(", window %lld", (long long)o->window);
+    if (o->softcap != 0)
+        printf(", softcap %g", o->softcap);
+    printf("\n");
     if (sgemm > 0)
         printf("sgemm (OpenBLAS, %d thread%s, best of n = 1000, 2000, 3000): %.1f GFLOP/s\n", threads,
                threads == 1 ? "" : "s", sgemm);
@@ -224,7 +280,9 @@ static int run(cp_context *ctx, const options *o, double sgemm, int threads)
         a.mask = m ? CP_MASK_CAUSAL : CP_MASK_NONE;
         a.q = q, a.k = k, a.v = v, a.o = out, a.o_dtype = o->dtype, a.lse = lse;
         a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv, a.grad_dtype = o->dtype;
-        double fwd_flops = 4.0 * (double)B * H * (double)S * (double)S * D * (m ? 0.5 : 1.0);
+        a.window = o->window;
+        a.softcap = o->softcap;
+        double fwd_flops = 4.0 * (double)B * H * D * visible_pairs(S, m, o->window);
         for (int pass = 0; pass < 2; pass++) {
             size_t bytes;
             cp_status st = cp_kernel_attn_workspace_size(ctx, &a, pass, &bytes);
@@ -267,10 +325,13 @@ done:
 int kernel_bench_main(int argc, char **argv, void (*usage)(FILE *))
 {
     options o;
-    if (parse(argc, argv, &o)) {
+    int pr = parse(argc, argv, &o);
+    if (pr < 0) {
         usage(stderr);
         return 2;
     }
+    if (pr > 0)
+        return 0;
     cp_context_config cfg = CP_CONTEXT_CONFIG_INIT;
     cfg.num_threads = o.threads;
     cp_context *ctx;

@@ -1003,7 +1003,9 @@ typedef struct cp_kernel_merge_args {
  * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL, out-of-range or
  *         inconsistent argument (including a workspace smaller than
  *         cp_kernel_attn_workspace_size() reports); #CP_ERROR_UNSUPPORTED for
- *         F64 storage; #CP_ERROR_OUT_OF_MEMORY; #CP_ERROR_BACKEND.
+ *         F64 storage, or a window, softcap or rectangle list the context's
+ *         backend does not understand (the message names the field);
+ *         #CP_ERROR_OUT_OF_MEMORY; #CP_ERROR_BACKEND.
  */
 cp_status cp_kernel_attn_forward(cp_context *ctx, const cp_kernel_attn_args *a);
 
@@ -1029,7 +1031,9 @@ cp_status cp_kernel_attn_backward(cp_context *ctx, const cp_kernel_attn_args *a)
  * @param a the arguments the kernel will be called with.
  * @param backward 0 for the forward, 1 for the backward.
  * @param bytes receives the size; 0 on failure.
- * @return #CP_SUCCESS or #CP_ERROR_INVALID_ARGUMENT.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, or #CP_ERROR_UNSUPPORTED
+ *         for a window, softcap or rectangle list the backend does not
+ *         understand.
  */
 cp_status cp_kernel_attn_workspace_size(cp_context *ctx, const cp_kernel_attn_args *a, int backward,
                                         size_t *bytes);

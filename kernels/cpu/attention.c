@@ -28,28 +28,49 @@
  * the rows that see them (fwd_fix_values, bwd_fix). Finite inputs take none
  * of this.
  *
+ * Visibility. A call attends a list of rectangles (cp_kernel_attn_args.rects;
+ * without them the whole block at q_offset / k_offset is the one rectangle).
+ * Inside one, the mask and the window compare positions that grow by one
+ * per row on both sides, so query row i sees a band of key rows [lo(i),
+ * hi(i)) whose ends are non-decreasing in i, and key row j is seen by a
+ * band of query rows likewise (see rect). The kernels know only bands: the
+ * dense block, windows and packed documents take one code path. Each query
+ * tile (forward) or key tile (backward) walks the rectangles that meet it,
+ * listed once per call in memory the call mallocs (it grows with the
+ * rectangles, which the workspace size does not know); a query row in
+ * several rectangles runs one online softmax through all of them.
+ *
+ * Softcap c: a score s becomes c tanh(s / c) before the mask. The forward
+ * scales Q by scale / c (instead of scale * log2(e)) and maps each computed
+ * score x to c log2(e) tanh(x); the backward maps S to c tanh(scale S / c)
+ * and keeps 1 - tanh^2 in a tile of its own, the factor the chain rule puts
+ * on dS.
+ *
  * Forward: one work unit per (batch, head, tile of FWD_BQ query rows); each
- * streams the visible key tiles of FWD_BK rows through an online softmax.
- * Units are handed out dynamically (an atomic counter), most expensive first;
- * each row is computed by one thread in a fixed order, so the result does
- * not depend on the thread count.
+ * streams the visible key tiles of FWD_BK rows of every rectangle that meets
+ * it through one online softmax. Units are handed out dynamically (an atomic
+ * counter), most expensive first; each row is computed by one thread in a
+ * fixed order, so the result does not depend on the thread count.
  *
  * Backward: the work of one (batch, kv head, tile of BWD_BK key rows) owns
  * dK and dV of its keys (all query heads of the GQA group add into them) and
- * walks over the visible query tiles, recomputing P from Q, K and LSE. dQ
- * gets contributions from every key tile: the key tiles of each (batch, kv
- * head) are cut into a few runs of equal work, each run adds into its own
- * fp32 dQ slot, and a last pass sums the slots in a fixed order (see
- * bwd_split). Runs are handed out dynamically; for a given thread count the
- * result is deterministic.
+ * walks, rectangle by rectangle, over the query tiles that see them,
+ * recomputing P from Q, K and LSE. dQ gets contributions from every key
+ * tile: the key tiles of each (batch, kv head) are cut into a few runs of
+ * equal work, each run adds into its own fp32 dQ slot, and a last pass sums
+ * the slots in a fixed order (see bwd_split). Runs are handed out
+ * dynamically; for a given thread count the result is deterministic.
  *
  * Workspace (exact, see carve_*): forward: per thread one set of tiles;
- * backward: per thread one set of tiles, `chunks` fp32 dQ slots of
+ * backward: per thread one set of tiles (with a softcap one more tile, for
+ * 1 - tanh^2), `chunks` fp32 dQ slots of
  * batch * num_heads * seq_q * pad16(head_dim) floats (one slot unless there
  * are fewer than 2 * threads (batch, kv head) pairs), and two floats per
  * query row (D = rowsum(dO * O) and the base-2 LSE). Nothing grows with
- * seq_q * seq_k.
+ * seq_q * seq_k. The lists of rectangles per tile are not in the workspace:
+ * each call mallocs and frees its own.
  */
+#include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -97,11 +118,16 @@ static inline char *row_at(const tview *v, int64_t b, int64_t s, int64_t h)
 typedef struct {
     const cpi_tile_ops *t;
     int64_t B, Sq, Sk;
-    int64_t delta; /* q_offset - k_offset: key j is visible to query i iff j <= i + delta */
+    int64_t window; /* on positions; 0 = none */
     int H, Hkv, G, D, Dv;
     int causal;
     float scale; /* softmax scale */
-    float c;     /* scale * log2(e) */
+    float qf;    /* forward: Q's factor, scale * log2(e), or scale / softcap */
+    float sf;    /* backward: S's factor into base 2, scale * log2(e), or log2(e) after the softcap */
+    /* with a softcap c: c, scale / c and c * log2(e) in fp32 (a tiny c may
+     * round to 0 there, so softcap is the flag, not cap) */
+    bool softcap;
+    float cap, cap_in, cap_out;
     tview q, k, v, o, dout, dq, dk, dv;
     float *lse, *lse_lo;
     int64_t lse_sb, lse_sh;
@@ -118,7 +144,7 @@ static problem make_problem(const cpi_tile_ops *t, const cp_kernel_attn_args *a,
     p.B = a->batch;
     p.Sq = a->seq_q;
     p.Sk = a->seq_k;
-    p.delta = a->q_offset - a->k_offset;
+    p.window = a->window;
     p.H = a->num_heads;
     p.Hkv = a->num_kv_heads;
     p.G = a->num_heads / a->num_kv_heads;
@@ -126,7 +152,17 @@ static problem make_problem(const cpi_tile_ops *t, const cp_kernel_attn_args *a,
     p.Dv = a->head_dim_v;
     p.causal = a->mask == CP_MASK_CAUSAL;
     p.scale = (float)a->softmax_scale;
-    p.c = (float)(a->softmax_scale * LOG2E);
+    p.qf = (float)(a->softmax_scale * LOG2E);
+    p.sf = p.qf;
+    if (a->softcap != 0) {
+        /* the core checked that these are finite floats */
+        p.softcap = true;
+        p.cap = (float)a->softcap;
+        p.cap_in = (float)(a->softmax_scale / a->softcap);
+        p.cap_out = (float)(a->softcap * LOG2E);
+        p.qf = p.cap_in;
+        p.sf = (float)LOG2E;
+    }
     p.q = make_view(a->q, a->dtype, a->q_stride_b, a->q_stride_s, a->q_stride_h);
     p.k = make_view(a->k, a->dtype, a->k_stride_b, a->k_stride_s, a->k_stride_h);
     p.v = make_view(a->v, a->dtype, a->v_stride_b, a->v_stride_s, a->v_stride_h);
@@ -148,27 +184,145 @@ static problem make_problem(const cpi_tile_ops *t, const cp_kernel_attn_args *a,
     return p;
 }
 
-/* Keys [0, n) of the block visible to query row i (all of them unmasked). */
-static inline int64_t visible_keys(const problem *p, int64_t i)
-{
-    if (!p->causal)
-        return p->Sk;
-    int64_t n = i + p->delta + 1;
-    return n < 0 ? 0 : n > p->Sk ? p->Sk : n;
-}
-
-/* First query row that sees key j (Sq if none). */
-static inline int64_t first_query(const problem *p, int64_t j)
-{
-    if (!p->causal)
-        return 0;
-    int64_t i = j - p->delta;
-    return i < 0 ? 0 : i > p->Sq ? p->Sq : i;
-}
-
 static inline float *lse_at(const problem *p, int64_t b, int64_t h)
 {
     return p->lse + b * p->lse_sb + h * p->lse_sh;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rectangles                                                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A rectangle in rows: query rows [q0, q1) against key rows [k0, k1).
+ * Query row q0 + t sees the key rows k0 + [t + a_lo, t + a_hi), and key row
+ * k0 + u is seen by the query rows q0 + [u + b_lo, u + b_hi), each clamped
+ * to the rectangle (b_lo = 1 - a_hi, b_hi = 1 - a_lo). With positions
+ * q_pos + t and k_pos + u and e = q_pos - k_pos, the causal mask keeps
+ * u <= t + e, a window W keeps u > t + e - W (and u < t + e + W without the
+ * mask). A side without a bound, and an offset beyond int64, is saturated at
+ * INT64_MIN or INT64_MAX: clamp_add then gives the whole rectangle or none
+ * of it, as the exact value would.
+ */
+typedef struct {
+    int64_t q0, q1, k0, k1;
+    int64_t a_lo, a_hi, b_lo, b_hi;
+} rect;
+
+static inline int64_t sat_add(int64_t x, int64_t y)
+{
+    int64_t r;
+    return __builtin_add_overflow(x, y, &r) ? (y > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+
+static inline int64_t sat_sub(int64_t x, int64_t y)
+{
+    int64_t r;
+    return __builtin_sub_overflow(x, y, &r) ? (y < 0 ? INT64_MAX : INT64_MIN) : r;
+}
+
+/* clamp(t + a, 0, n) for t, n >= 0 and any a, without overflow. */
+static inline int64_t clamp_add(int64_t t, int64_t a, int64_t n)
+{
+    if (a >= n - t)
+        return n;
+    return t + a < 0 ? 0 : t + a;
+}
+
+static rect make_rect(const problem *p, int64_t q_row, int64_t q_len, int64_t k_row, int64_t k_len, int64_t q_pos,
+                      int64_t k_pos)
+{
+    int64_t e = q_pos - k_pos; /* both >= 0 */
+    rect r = {q_row, q_row + q_len, k_row, k_row + k_len, INT64_MIN, INT64_MAX, 0, 0};
+    if (p->window)
+        r.a_lo = sat_sub(e, p->window - 1);
+    if (p->causal)
+        r.a_hi = sat_add(e, 1);
+    else if (p->window)
+        r.a_hi = sat_add(e, p->window);
+    r.b_lo = sat_sub(1, r.a_hi);
+    r.b_hi = sat_sub(1, r.a_lo);
+    return r;
+}
+
+/* The keys [*lo, *hi) of r that query row i (in r) sees; lo <= hi. */
+static inline void rect_keys(const rect *r, int64_t i, int64_t *lo, int64_t *hi)
+{
+    int64_t n = r->k1 - r->k0, t = i - r->q0;
+    *lo = r->k0 + clamp_add(t, r->a_lo, n);
+    *hi = r->k0 + clamp_add(t, r->a_hi, n);
+}
+
+/* The query rows [*lo, *hi) of r that see key row j (in r); lo <= hi. */
+static inline void rect_queries(const rect *r, int64_t j, int64_t *lo, int64_t *hi)
+{
+    int64_t n = r->q1 - r->q0, u = j - r->k0;
+    *lo = r->q0 + clamp_add(u, r->b_lo, n);
+    *hi = r->q0 + clamp_add(u, r->b_hi, n);
+}
+
+/*
+ * The non-empty rectangles of a call, and for every tile of `tile` rows
+ * along the queries (forward) or the keys (backward) those that meet it:
+ * tile t's are r[list[start[t] .. start[t + 1])], in the caller's order.
+ */
+typedef struct {
+    rect *r;
+    int64_t *start; /* [tiles + 1] */
+    int64_t *list;
+} rect_index;
+
+static void rect_index_free(rect_index *ix)
+{
+    free(ix->r);
+    free(ix->start);
+    free(ix->list);
+    memset(ix, 0, sizeof *ix);
+}
+
+static cp_status rect_index_build(const problem *p, const cp_kernel_attn_args *a, bool by_key, int64_t tile,
+                                  rect_index *ix, const char *func)
+{
+    memset(ix, 0, sizeof *ix);
+    const int64_t n = a->rects ? a->num_rects : 1, tiles = ((by_key ? p->Sk : p->Sq) + tile - 1) / tile;
+    ix->r = cpi_calloc(n ? (size_t)n : 1, sizeof *ix->r);
+    ix->start = cpi_calloc((size_t)tiles + 1, sizeof *ix->start);
+    size_t entries = 0;
+    bool ok = ix->r && ix->start;
+    int64_t m = 0;
+    for (int64_t i = 0; ok && i < n; i++) {
+        const cp_attn_rect *g = a->rects ? &a->rects[i] : NULL;
+        rect r = g ? make_rect(p, g->q_row, g->q_len, g->k_row, g->k_len, g->q_pos, g->k_pos)
+                   : make_rect(p, 0, p->Sq, 0, p->Sk, a->q_offset, a->k_offset);
+        if (r.q0 == r.q1 || r.k0 == r.k1)
+            continue;
+        ix->r[m++] = r;
+        int64_t t0 = (by_key ? r.k0 : r.q0) / tile, t1 = ((by_key ? r.k1 : r.q1) - 1) / tile;
+        ok = cpi_add(entries, (size_t)(t1 - t0 + 1), &entries);
+        for (int64_t t = t0; ok && t <= t1; t++)
+            ix->start[t + 1]++;
+    }
+    if (ok)
+        ix->list = cpi_calloc(entries ? entries : 1, sizeof *ix->list);
+    if (!ok || !ix->list) {
+        rect_index_free(ix);
+        return cpi_error(CP_ERROR_OUT_OF_MEMORY, "%s: out of memory listing the rectangles of %" PRId64
+                         " tiles (a->num_rects = %" PRId64 ")", func, tiles, a->num_rects);
+    }
+    /* counts to starts; filling advances each start to the next tile's,
+     * and the shift puts them back */
+    for (int64_t t = 0; t < tiles; t++)
+        ix->start[t + 1] += ix->start[t];
+    for (int64_t i = 0; i < m; i++) {
+        const rect *r = &ix->r[i];
+        int64_t t0 = (by_key ? r->k0 : r->q0) / tile, t1 = ((by_key ? r->k1 : r->q1) - 1) / tile;
+        for (int64_t t = t0; t <= t1; t++)
+            ix->list[ix->start[t]++] = i;
+    }
+    for (int64_t t = tiles; t > 0; t--)
+        ix->start[t] = ix->start[t - 1];
+    ix->start[0] = 0;
+    return CP_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -228,7 +382,9 @@ typedef struct {
 
 typedef struct {
     const problem *p;
+    rect_index ix;  /* by query tile */
     int64_t units, q_tiles;
+    int64_t *order; /* [q_tiles] the query tiles, most expensive first */
     fwd_tiles *tiles; /* one per thread */
     atomic_llong next;
 } fwd_job;
@@ -254,19 +410,104 @@ static int64_t fwd_units(const problem *p, int64_t *q_tiles)
     return *q_tiles * p->B * p->H;
 }
 
-/* Mask the scores of keys j (rows, pitch lds) hidden from queries i (ncols
- * columns) in a tile whose first key is k0 and first query i0: query i sees
- * key j iff j <= i + delta, so row j hides the columns i < j - delta - i0. */
-static void fwd_mask(const problem *p, float *st, int nk, ptrdiff_t lds, int ncols, int64_t k0, int64_t i0)
+/* The rows [*ra, *rb) of query tile [i0, i0 + nq) in r, and the keys
+ * [*klo, *khi) they see (a band: the first row's first to the last row's
+ * last); false if there are none. */
+static bool fwd_cover(const rect *r, int64_t i0, int nq, int64_t *ra, int64_t *rb, int64_t *klo, int64_t *khi)
+{
+    int64_t x;
+    *ra = i0 > r->q0 ? i0 : r->q0;
+    *rb = i0 + nq < r->q1 ? i0 + nq : r->q1;
+    if (*ra >= *rb)
+        return false;
+    rect_keys(r, *ra, klo, &x);
+    rect_keys(r, *rb - 1, &x, khi);
+    return *klo < *khi;
+}
+
+/* Rows times keys of query tile qt over its rectangles: the order of units. */
+static double fwd_tile_cost(const fwd_job *job, int64_t qt)
+{
+    const problem *p = job->p;
+    int64_t i0 = qt * FWD_BQ, ra, rb, klo, khi;
+    int nq = (int)(p->Sq - i0 < FWD_BQ ? p->Sq - i0 : FWD_BQ);
+    double cost = 0;
+    for (int64_t e = job->ix.start[qt]; e < job->ix.start[qt + 1]; e++)
+        if (fwd_cover(&job->ix.r[job->ix.list[e]], i0, nq, &ra, &rb, &klo, &khi))
+            cost += (double)(rb - ra) * (double)(khi - klo);
+    return cost;
+}
+
+typedef struct {
+    double cost;
+    int64_t tile;
+} tile_cost;
+
+/* Most expensive first; among equals the later tile (a causal block's
+ * last tiles see the most keys). */
+static int by_cost(const void *x, const void *y)
+{
+    const tile_cost *a = x, *b = y;
+    if (a->cost != b->cost)
+        return a->cost < b->cost ? 1 : -1;
+    return a->tile < b->tile ? 1 : a->tile > b->tile ? -1 : 0;
+}
+
+static int64_t *fwd_order(const fwd_job *job)
+{
+    tile_cost *c = cpi_calloc((size_t)job->q_tiles, sizeof *c);
+    int64_t *order = cpi_calloc((size_t)job->q_tiles, sizeof *order);
+    if (c && order) {
+        for (int64_t t = 0; t < job->q_tiles; t++)
+            c[t] = (tile_cost){fwd_tile_cost(job, t), t};
+        qsort(c, (size_t)job->q_tiles, sizeof *c, by_cost);
+        for (int64_t t = 0; t < job->q_tiles; t++)
+            order[t] = c[t].tile;
+    } else {
+        free(order);
+        order = NULL;
+    }
+    free(c);
+    return order;
+}
+
+/* Whether every query row in [ia, ib) is in r and sees all keys [k0, k1):
+ * the first row sees the last key and the last row the first (bands). */
+static bool fwd_all_visible(const rect *r, int64_t ia, int64_t ib, int64_t k0, int64_t k1)
+{
+    int64_t lo, hi, x;
+    if (ia < r->q0 || ib > r->q1)
+        return false;
+    rect_keys(r, ia, &x, &hi);
+    rect_keys(r, ib - 1, &lo, &x);
+    return hi >= k1 && lo <= k0;
+}
+
+/* The columns [va, vb) of query tile i0 that see key j of r, inside the
+ * tile's columns [c0, n1). */
+static void fwd_seen_by(const rect *r, int64_t j, int64_t i0, int c0, int n1, int *va, int *vb)
+{
+    int64_t qa, qb;
+    rect_queries(r, j, &qa, &qb);
+    qa -= i0;
+    qb -= i0;
+    *va = (int)(qa < c0 ? c0 : qa > n1 ? n1 : qa);
+    *vb = (int)(qb < *va ? *va : qb > n1 ? n1 : qb);
+}
+
+/* Mask, in a score tile of keys [k0, k0 + nk) (rows, pitch lds) whose first
+ * column is the query column c0 of tile i0, the columns up to n1 that do not
+ * see the row's key in r: those outside r and outside the key's band. */
+static void fwd_mask(const rect *r, float *st, int nk, ptrdiff_t lds, int64_t k0, int64_t i0, int c0, int n1)
 {
     for (int j = 0; j < nk; j++) {
-        int64_t hide = k0 + j - p->delta - i0;
-        if (hide <= 0)
-            continue;
-        if (hide > ncols)
-            hide = ncols;
-        for (int64_t i = 0; i < hide; i++)
-            st[j * lds + i] = -INFINITY;
+        int va, vb;
+        fwd_seen_by(r, k0 + j, i0, c0, n1, &va, &vb);
+        float *row = st + j * lds - c0;
+        for (int i = c0; i < va; i++)
+            row[i] = -INFINITY;
+        for (int i = vb; i < n1; i++)
+            row[i] = -INFINITY;
     }
 }
 
@@ -299,33 +540,79 @@ static inline void add_nonfinite(float *dst, float w, const float *x, int n)
 }
 
 /* The forward's P V for the non-finite value rows zeroed in the tile: row j
- * adds p * v_j to the query columns [c0, nq) that see key k0 + j. */
-static void fwd_fix_values(const problem *p, fwd_tiles *f, int64_t b, int kvh, int64_t i0, int64_t k0,
-                           int c0, int nq, const int *bad, int nbad)
+ * adds p * v_j to the query columns in [c0, n1) that see key k0 + j in r. */
+static void fwd_fix_values(const problem *p, fwd_tiles *f, const rect *r, int64_t b, int kvh, int64_t i0,
+                           int64_t k0, int c0, int n1, const int *bad, int nbad)
 {
     const int dv16 = (int)cpi_pad16(p->Dv), bq16 = (int)cpi_pad16(FWD_BQ);
     for (int n = 0; n < nbad; n++) {
-        int j = bad[n];
+        int j = bad[n], va, vb;
         p->t->load(f->row, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)p->Dv, (size_t)p->Dv, 1.0f);
-        for (int i = c0; i < nq; i++)
-            if (k0 + j < visible_keys(p, i0 + i))
-                add_nonfinite(f->o + (size_t)i * dv16, f->st[(size_t)j * bq16 + i], f->row, p->Dv);
+        fwd_seen_by(r, k0 + j, i0, c0, n1, &va, &vb);
+        for (int i = va; i < vb; i++)
+            add_nonfinite(f->o + (size_t)i * dv16, f->st[(size_t)j * bq16 + i], f->row, p->Dv);
     }
 }
 
-static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i0)
+/* The keys of rectangle r through the online softmax of query tile i0
+ * (nq rows, the tile's Q^T loaded). */
+static void fwd_rect(const problem *p, fwd_tiles *f, const rect *r, int64_t b, int kvh, int64_t i0, int nq)
 {
     const cpi_tile_ops *t = p->t;
     const int D = p->D, Dv = p->Dv, dv16 = (int)cpi_pad16(Dv), bq16 = (int)cpi_pad16(FWD_BQ);
-    const int kvh = h / p->G;
+    int64_t ra, rb, klo, khi, x;
+    if (!fwd_cover(r, i0, nq, &ra, &rb, &klo, &khi))
+        return;
+    for (int64_t k0 = klo; k0 < khi; k0 += FWD_BK) {
+        int nk = (int)(khi - k0 < FWD_BK ? khi - k0 : FWD_BK);
+        /* the rows of the tile that see any of these keys */
+        int64_t qa, qb;
+        rect_queries(r, k0, &qa, &x);
+        rect_queries(r, k0 + nk - 1, &x, &qb);
+        qa = qa > ra ? qa : ra;
+        qb = qb < rb ? qb : rb;
+        if (qa >= qb)
+            continue;
+        for (int j = 0; j < nk; j++) {
+            t->load(f->kp + (size_t)j * D, row_at(&p->k, b, k0 + j, kvh), p->k.t, (size_t)D, (size_t)D, 1.0f);
+            t->load(f->vp + (size_t)j * dv16, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)Dv,
+                    (size_t)dv16, 1.0f);
+        }
+        int bad[FWD_BK];
+        int nbad = take_nonfinite(t, f->vp, nk, Dv, dv16, bad);
+        /* Only the query columns [c0, c1) of those rows take part in the
+         * steps (whole vectors, so the tile stays aligned); the others keep
+         * their running softmax. n1: c1 without the padding columns. */
+        const int c0 = (int)((qa - i0) / CPI_TILE_PAD * CPI_TILE_PAD), c1 = (int)cpi_pad16(qb - i0);
+        const int n1 = c1 < nq ? c1 : nq;
+        float *st = f->st + c0;
+        t->gemm(nk, c1 - c0, D, f->kp, D, 1, f->qt + c0, bq16, st, bq16, 0);
+        if (p->softcap)
+            t->softcap(st, nk, c1 - c0, bq16, 1.0f, p->cap_out, NULL);
+        if (!fwd_all_visible(r, i0 + c0, i0 + n1, k0, k0 + nk))
+            fwd_mask(r, st, nk, bq16, k0, i0, c0, n1);
+        t->softmax_fwd(st, nk, c1 - c0, bq16, f->m + c0, f->l + c0, f->alpha + c0);
+        t->scale_rows(f->o + (size_t)c0 * dv16, n1 - c0, dv16, dv16, f->alpha + c0);
+        t->gemm(n1 - c0, dv16, nk, st, 1, bq16, f->vp, dv16, f->o + (size_t)c0 * dv16, dv16, 1);
+        if (nbad)
+            fwd_fix_values(p, f, r, b, kvh, i0, k0, c0, n1, bad, nbad);
+    }
+}
+
+static void fwd_unit(const fwd_job *job, fwd_tiles *f, int64_t b, int h, int64_t qt)
+{
+    const problem *p = job->p;
+    const cpi_tile_ops *t = p->t;
+    const int D = p->D, Dv = p->Dv, dv16 = (int)cpi_pad16(Dv), bq16 = (int)cpi_pad16(FWD_BQ);
+    const int64_t i0 = qt * FWD_BQ;
     int nq = (int)(p->Sq - i0 < FWD_BQ ? p->Sq - i0 : FWD_BQ);
     /* Columns of the tile in use: a short unit (the last query tile, or a
      * CP block of few tokens) touches only the vectors its queries fill. */
     const int w = (int)cpi_pad16(nq);
 
-    /* Q^T, scaled into base 2; padding columns up to w are 0 */
+    /* Q^T, scaled into base 2 (or by scale / softcap); padding columns up to w are 0 */
     for (int i = 0; i < nq; i++) {
-        t->load(f->row, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)D, p->c);
+        t->load(f->row, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)D, p->qf);
         for (int d = 0; d < D; d++)
             f->qt[(size_t)d * bq16 + i] = f->row[d];
     }
@@ -338,34 +625,8 @@ static void fwd_unit(const problem *p, fwd_tiles *f, int64_t b, int h, int64_t i
     }
     memset(f->o, 0, sizeof(float) * (size_t)nq * dv16);
 
-    int64_t kend = visible_keys(p, i0 + nq - 1);
-    for (int64_t k0 = 0; k0 < kend; k0 += FWD_BK) {
-        int nk = (int)(kend - k0 < FWD_BK ? kend - k0 : FWD_BK);
-        for (int j = 0; j < nk; j++) {
-            t->load(f->kp + (size_t)j * D, row_at(&p->k, b, k0 + j, kvh), p->k.t, (size_t)D, (size_t)D, 1.0f);
-            t->load(f->vp + (size_t)j * dv16, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)Dv,
-                    (size_t)dv16, 1.0f);
-        }
-        int bad[FWD_BK];
-        int nbad = take_nonfinite(t, f->vp, nk, Dv, dv16, bad);
-        /* Under the causal mask the query columns before c0 see none of
-         * these keys: leave them out of every step (a whole number of
-         * vectors, so the tile stays aligned). */
-        int c0 = 0;
-        if (p->causal && k0 - p->delta - i0 > 0) {
-            int64_t hidden = (k0 - p->delta - i0) / CPI_TILE_PAD * CPI_TILE_PAD;
-            c0 = (int)(hidden < nq ? hidden : nq); /* < nq: the last query sees key k0 */
-        }
-        float *st = f->st + c0;
-        t->gemm(nk, w - c0, D, f->kp, D, 1, f->qt + c0, bq16, st, bq16, 0);
-        if (p->causal && k0 + nk - 1 > i0 + c0 + p->delta)
-            fwd_mask(p, st, nk, bq16, w - c0, k0, i0 + c0);
-        t->softmax_fwd(st, nk, w - c0, bq16, f->m + c0, f->l + c0, f->alpha + c0);
-        t->scale_rows(f->o + (size_t)c0 * dv16, nq - c0, dv16, dv16, f->alpha + c0);
-        t->gemm(nq - c0, dv16, nk, st, 1, bq16, f->vp, dv16, f->o + (size_t)c0 * dv16, dv16, 1);
-        if (nbad)
-            fwd_fix_values(p, f, b, kvh, i0, k0, c0, nq, bad, nbad);
-    }
+    for (int64_t e = job->ix.start[qt]; e < job->ix.start[qt + 1]; e++)
+        fwd_rect(p, f, &job->ix.r[job->ix.list[e]], b, h / p->G, i0, nq);
 
     /* normalise and write out (or merge into the running result) */
     float *lse = lse_at(p, b, h) + i0;
@@ -403,10 +664,8 @@ static void fwd_task(void *arg, int tid, int n)
         int64_t u = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
         if (u >= job->units)
             break;
-        /* last query tiles first: under a causal mask they see the most keys */
-        int64_t qt = job->q_tiles - 1 - u / per_tile;
         int64_t bh = u % per_tile;
-        fwd_unit(p, f, bh / p->H, (int)(bh % p->H), qt * FWD_BQ);
+        fwd_unit(job, f, bh / p->H, (int)(bh % p->H), job->order[u / per_tile]);
     }
 }
 
@@ -442,7 +701,8 @@ typedef struct {
     float *dop; /* [BQ][Dv16] dO tile */
     float *s;   /* [BQ][BK16] scores, then P */
     float *dp;  /* [BQ][BK16] dP, then dS */
-    int *lim;   /* [BQ] visible keys per query row */
+    float *dt;  /* [BQ][BK16] 1 - tanh^2 of the softcap (only with one) */
+    int *lo, *lim; /* [BQ] each query row's visible keys of the tile: [lo, lim) */
     float *row; /* [max(D, Dv) padded] a non-finite row reloaded (fix_*) */
 } bwd_tiles;
 
@@ -463,6 +723,7 @@ typedef struct {
 typedef struct {
     const problem *p;
     bwd_split sp;
+    rect_index ix;   /* by key tile */
     int64_t *bounds; /* [chunks + 1] first key tile of each run */
     bwd_tiles *tiles; /* one per thread */
     float *dq;       /* [chunks][B][H][Sq][D16] fp32 dQ partial sums */
@@ -496,27 +757,47 @@ static bwd_split bwd_plan(const cpi_cpu_state *s, const problem *p)
     return sp;
 }
 
-/* Work of key tile kt: the query rows that see its first key, times its keys. */
-static int64_t bwd_tile_cost(const problem *p, int64_t kt)
+/* The keys [*ja, *jb) of the key tile [k0, k0 + nk) in r (which meets it)
+ * and the query rows [*qa, *qb) that see any of them; false if none does. */
+static bool bwd_cover(const rect *r, int64_t k0, int nk, int64_t *ja, int64_t *jb, int64_t *qa, int64_t *qb)
 {
-    int64_t k0 = kt * BWD_BK, nk = p->Sk - k0 < BWD_BK ? p->Sk - k0 : BWD_BK;
-    return (p->Sq - first_query(p, k0)) * nk;
+    int64_t x;
+    *ja = k0 > r->k0 ? k0 : r->k0;
+    *jb = k0 + nk < r->k1 ? k0 + nk : r->k1;
+    rect_queries(r, *ja, qa, &x);
+    rect_queries(r, *jb - 1, &x, qb);
+    return *qa < *qb;
+}
+
+/* Work of key tile kt: per rectangle, the query rows that see its keys times
+ * the keys (in double: with rectangles the sum may pass int64). */
+static double bwd_tile_cost(const bwd_job *job, int64_t kt)
+{
+    const problem *p = job->p;
+    int64_t k0 = kt * BWD_BK, ja, jb, qa, qb;
+    int nk = (int)(p->Sk - k0 < BWD_BK ? p->Sk - k0 : BWD_BK);
+    double cost = 0;
+    for (int64_t e = job->ix.start[kt]; e < job->ix.start[kt + 1]; e++)
+        if (bwd_cover(&job->ix.r[job->ix.list[e]], k0, nk, &ja, &jb, &qa, &qb))
+            cost += (double)(qb - qa) * (double)(jb - ja);
+    return cost;
 }
 
 /* bounds[j] = first key tile of run j: about equal shares of the total work,
  * at least one tile each (chunks <= key tiles). */
-static void bwd_cut(const problem *p, int chunks, int64_t *bounds)
+static void bwd_cut(const bwd_job *job, int chunks, int64_t *bounds)
 {
-    int64_t tiles = bwd_key_tiles(p), total = 0, acc = 0, kt = 0;
+    int64_t tiles = bwd_key_tiles(job->p), kt = 0;
+    double total = 0, acc = 0;
     for (int64_t i = 0; i < tiles; i++)
-        total += bwd_tile_cost(p, i);
+        total += bwd_tile_cost(job, i);
     bounds[0] = 0;
     for (int j = 1; j < chunks; j++) {
         /* run j-1 takes tiles until it has its share, leaving one tile for
          * each later run */
         int64_t last = tiles - (chunks - j);
         do
-            acc += bwd_tile_cost(p, kt++);
+            acc += bwd_tile_cost(job, kt++);
         while (kt < last && acc * chunks < total * j);
         bounds[j] = kt;
     }
@@ -535,6 +816,8 @@ static void bwd_carve_tiles(carve *c, const problem *p, bwd_tiles *f)
     f->dop = carve_take(c, (size_t)BWD_BQ * dv16, sizeof(float));
     f->s = carve_take(c, (size_t)BWD_BQ * bk16, sizeof(float));
     f->dp = carve_take(c, (size_t)BWD_BQ * bk16, sizeof(float));
+    f->dt = p->softcap ? carve_take(c, (size_t)BWD_BQ * bk16, sizeof(float)) : NULL;
+    f->lo = carve_take(c, (size_t)BWD_BQ, sizeof(int));
     f->lim = carve_take(c, (size_t)BWD_BQ, sizeof(int));
     f->row = carve_take(c, (size_t)cpi_pad16(p->D > p->Dv ? p->D : p->Dv), sizeof(float));
 }
@@ -624,8 +907,8 @@ static void bwd_store_tile(const problem *p, const tview *dst, const float *acc,
 /*
  * The backward's GEMM terms of the non-finite rows zeroed in the tiles, each
  * added only where its pair is visible: dV_j += P_ij dO_i and dK_j += dS_ij Q_i
- * for keys j < lim[i] of a bad query row i, dQ_i += dS_ij K_j for the rows i
- * that see a bad key row j.
+ * for the keys lo[i] <= j < lim[i] of a bad query row i, dQ_i += dS_ij K_j for
+ * the rows i that see a bad key row j.
  */
 typedef struct {
     int q[BWD_BQ], dout[BWD_BQ], k[BWD_BK]; /* rows zeroed in qp, dop, kp */
@@ -640,22 +923,76 @@ static void bwd_fix(const problem *p, bwd_tiles *f, const bwd_bad *bad, int64_t 
     for (int n = 0; n < bad->ndout; n++) {
         int i = bad->dout[n];
         t->load(f->row, row_at(&p->dout, b, i0 + i, h), p->dout.t, (size_t)Dv, (size_t)Dv, 1.0f);
-        for (int j = 0; j < f->lim[i]; j++)
+        for (int j = f->lo[i]; j < f->lim[i]; j++)
             add_nonfinite(f->dv + (size_t)j * dv16, f->s[(size_t)i * bk16 + j], f->row, Dv);
     }
     for (int n = 0; n < bad->nq; n++) {
         int i = bad->q[n];
         t->load(f->row, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)D, 1.0f);
-        for (int j = 0; j < f->lim[i]; j++)
+        for (int j = f->lo[i]; j < f->lim[i]; j++)
             add_nonfinite(f->dk + (size_t)j * d16, f->dp[(size_t)i * bk16 + j], f->row, D);
     }
     for (int n = 0; n < bad->nk; n++) {
         int j = bad->k[n];
         t->load(f->row, row_at(&p->k, b, k0 + j, kvh), p->k.t, (size_t)D, (size_t)D, 1.0f);
         for (int i = 0; i < nq; i++)
-            if (j < f->lim[i])
+            if (j >= f->lo[i] && j < f->lim[i])
                 add_nonfinite(dq_rows + (size_t)i * d16, f->dp[(size_t)i * bk16 + j], f->row, D);
     }
+}
+
+/* Query rows [i0, i0 + nq) of head h against the loaded key tile [k0, k0 +
+ * nk) within rectangle r: dK, dV into the tile's accumulators, dQ into
+ * dq_slot. bad->nk lists the tile's non-finite key rows. */
+static void bwd_query_tile(const bwd_job *job, bwd_tiles *f, bwd_bad *bad, const rect *r, int64_t b, int h,
+                           int kvh, int64_t i0, int nq, int64_t k0, int nk, float *dq_slot)
+{
+    const problem *p = job->p;
+    const cpi_tile_ops *t = p->t;
+    const int D = p->D, Dv = p->Dv, d16 = (int)cpi_pad16(D), dv16 = (int)cpi_pad16(Dv), bk16 = (int)cpi_pad16(nk);
+    const size_t bh_row = ((size_t)b * p->H + (size_t)h) * (size_t)p->Sq;
+    /* keys [first, kv) hold every row's visible ones */
+    int first = nk, kv = 0;
+    for (int i = 0; i < nq; i++) {
+        t->load(f->qp + (size_t)i * d16, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)d16, 1.0f);
+        t->load(f->dop + (size_t)i * dv16, row_at(&p->dout, b, i0 + i, h), p->dout.t, (size_t)Dv, (size_t)dv16,
+                1.0f);
+        int64_t lo, hi;
+        rect_keys(r, i0 + i, &lo, &hi);
+        lo -= k0;
+        hi -= k0;
+        f->lo[i] = (int)(lo < 0 ? 0 : lo > nk ? nk : lo);
+        f->lim[i] = (int)(hi < 0 ? 0 : hi > nk ? nk : hi);
+        if (f->lo[i] < f->lim[i]) {
+            first = f->lo[i] < first ? f->lo[i] : first;
+            kv = f->lim[i] > kv ? f->lim[i] : kv;
+        }
+    }
+    if (kv == 0)
+        return;
+    /* the steps below start at j0, a whole vector of S before the first key */
+    const int j0 = first / CPI_TILE_PAD * CPI_TILE_PAD, kv16 = (int)cpi_pad16(kv);
+    for (int i = 0; i < nq; i++)
+        if (f->lo[i] >= f->lim[i])
+            f->lo[i] = f->lim[i] = j0;
+    /* S = Q K^T, dP = dO V^T; P and dS = scale * P * (dP - D) */
+    t->gemm(nq, kv16 - j0, D, f->qp, d16, 1, f->kt + j0, bk16, f->s + j0, bk16, 0);
+    t->gemm(nq, kv16 - j0, Dv, f->dop, dv16, 1, f->vt + j0, bk16, f->dp + j0, bk16, 0);
+    if (p->softcap)
+        t->softcap(f->s + j0, nq, kv16 - j0, bk16, p->cap_in, p->cap, f->dt + j0);
+    t->softmax_bwd(f->s, f->dp, nq, j0, kv16, bk16, f->lo, f->lim, p->sf, p->scale, job->lse2 + bh_row + i0,
+                   job->drow + bh_row + i0, p->softcap ? f->dt : NULL);
+    /* Q and dO have served the scores; the products below get their
+     * non-finite rows by hand */
+    bad->nq = take_nonfinite(t, f->qp, nq, D, d16, bad->q);
+    bad->ndout = take_nonfinite(t, f->dop, nq, Dv, dv16, bad->dout);
+    /* dV += P^T dO, dK += dS^T Q, dQ += dS K */
+    float *dq_rows = dq_slot + (bh_row + (size_t)i0) * d16;
+    t->gemm(kv - j0, dv16, nq, f->s + j0, 1, bk16, f->dop, dv16, f->dv + (size_t)j0 * dv16, dv16, 1);
+    t->gemm(kv - j0, d16, nq, f->dp + j0, 1, bk16, f->qp, d16, f->dk + (size_t)j0 * d16, d16, 1);
+    t->gemm(nq, d16, kv - j0, f->dp + j0, bk16, 1, f->kp + (size_t)j0 * d16, d16, dq_rows, d16, 1);
+    if (bad->nq || bad->ndout || bad->nk)
+        bwd_fix(p, f, bad, b, h, kvh, i0, k0, nq, bk16, dq_rows);
 }
 
 /* dK and dV of key tile kt of (b, kvh), and its share of dQ into dq_slot. */
@@ -663,13 +1000,13 @@ static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, i
 {
     const problem *p = job->p;
     const cpi_tile_ops *t = p->t;
+    const rect_index *ix = &job->ix;
     const int D = p->D, Dv = p->Dv, d16 = (int)cpi_pad16(D), dv16 = (int)cpi_pad16(Dv);
     int64_t k0 = kt * BWD_BK;
     int nk = (int)(p->Sk - k0 < BWD_BK ? p->Sk - k0 : BWD_BK);
     int bk16 = (int)cpi_pad16(nk);
 
-    int64_t i_first = first_query(p, k0);
-    if (i_first >= p->Sq) {
+    if (bwd_tile_cost(job, kt) == 0) {
         /* no query sees these keys: zero gradients, or nothing to add */
         if (!p->grad_accumulate) {
             memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
@@ -680,8 +1017,21 @@ static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, i
         return;
     }
 
-    /* K, K^T and V^T once for all query tiles; V passes through dV's tile */
+    /* K, K^T and V^T once for all query tiles; V passes through dV's tile.
+     * Rows in no rectangle are zeros: no query sees them, and the caller
+     * need not have filled them (a NaN there must not reach a product). */
+    bool in[BWD_BK] = {false};
+    for (int64_t e = ix->start[kt]; e < ix->start[kt + 1]; e++) {
+        const rect *r = &ix->r[ix->list[e]];
+        for (int64_t j = r->k0 > k0 ? r->k0 : k0; j < r->k1 && j < k0 + nk; j++)
+            in[j - k0] = true;
+    }
     for (int j = 0; j < nk; j++) {
+        if (!in[j]) {
+            memset(f->kp + (size_t)j * d16, 0, sizeof(float) * (size_t)d16);
+            memset(f->dv + (size_t)j * dv16, 0, sizeof(float) * (size_t)dv16);
+            continue;
+        }
         t->load(f->kp + (size_t)j * d16, row_at(&p->k, b, k0 + j, kvh), p->k.t, (size_t)D, (size_t)d16, 1.0f);
         t->load(f->dv + (size_t)j * dv16, row_at(&p->v, b, k0 + j, kvh), p->v.t, (size_t)Dv, (size_t)dv16, 1.0f);
     }
@@ -693,38 +1043,17 @@ static void bwd_key_tile(const bwd_job *job, bwd_tiles *f, int64_t b, int kvh, i
     memset(f->dk, 0, sizeof(float) * (size_t)nk * d16);
     memset(f->dv, 0, sizeof(float) * (size_t)nk * dv16);
 
-    for (int h = kvh * p->G; h < (kvh + 1) * p->G; h++) {
-        size_t bh_row = ((size_t)b * p->H + (size_t)h) * (size_t)p->Sq;
-        for (int64_t i0 = i_first; i0 < p->Sq; i0 += BWD_BQ) {
-            int nq = (int)(p->Sq - i0 < BWD_BQ ? p->Sq - i0 : BWD_BQ);
-            int kv = 0; /* keys [kv, nk) are hidden from every row of this tile */
-            for (int i = 0; i < nq; i++) {
-                t->load(f->qp + (size_t)i * d16, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)d16, 1.0f);
-                t->load(f->dop + (size_t)i * dv16, row_at(&p->dout, b, i0 + i, h), p->dout.t, (size_t)Dv,
-                        (size_t)dv16, 1.0f);
-                int64_t vis = visible_keys(p, i0 + i) - k0;
-                f->lim[i] = (int)(vis < 0 ? 0 : vis > nk ? nk : vis);
-                kv = f->lim[i] > kv ? f->lim[i] : kv;
+    for (int h = kvh * p->G; h < (kvh + 1) * p->G; h++)
+        for (int64_t e = ix->start[kt]; e < ix->start[kt + 1]; e++) {
+            const rect *r = &ix->r[ix->list[e]];
+            int64_t ja, jb, qa, qb;
+            if (!bwd_cover(r, k0, nk, &ja, &jb, &qa, &qb))
+                continue;
+            for (int64_t i0 = qa; i0 < qb; i0 += BWD_BQ) {
+                int nq = (int)(qb - i0 < BWD_BQ ? qb - i0 : BWD_BQ);
+                bwd_query_tile(job, f, &bad, r, b, h, kvh, i0, nq, k0, nk, dq_slot);
             }
-            int kv16 = (int)cpi_pad16(kv);
-            /* S = Q K^T, dP = dO V^T; P and dS = scale * P * (dP - D) */
-            t->gemm(nq, kv16, D, f->qp, d16, 1, f->kt, bk16, f->s, bk16, 0);
-            t->gemm(nq, kv16, Dv, f->dop, dv16, 1, f->vt, bk16, f->dp, bk16, 0);
-            t->softmax_bwd(f->s, f->dp, nq, kv16, bk16, f->lim, p->c, p->scale, job->lse2 + bh_row + i0,
-                           job->drow + bh_row + i0);
-            /* Q and dO have served the scores; the products below get their
-             * non-finite rows by hand */
-            bad.nq = take_nonfinite(t, f->qp, nq, D, d16, bad.q);
-            bad.ndout = take_nonfinite(t, f->dop, nq, Dv, dv16, bad.dout);
-            /* dV += P^T dO, dK += dS^T Q, dQ += dS K */
-            float *dq_rows = dq_slot + (bh_row + (size_t)i0) * d16;
-            t->gemm(kv, dv16, nq, f->s, 1, bk16, f->dop, dv16, f->dv, dv16, 1);
-            t->gemm(kv, d16, nq, f->dp, 1, bk16, f->qp, d16, f->dk, d16, 1);
-            t->gemm(nq, d16, kv, f->dp, bk16, 1, f->kp, d16, dq_rows, d16, 1);
-            if (bad.nq || bad.ndout || bad.nk)
-                bwd_fix(p, f, &bad, b, h, kvh, i0, k0, nq, bk16, dq_rows);
         }
-    }
     bwd_store_tile(p, &p->dk, f->dk, d16, b, k0, nk, kvh, D);
     bwd_store_tile(p, &p->dv, f->dv, dv16, b, k0, nk, kvh, Dv);
 }
@@ -809,25 +1138,28 @@ static cp_status get_workspace(const cp_kernel_attn_args *a, size_t need, const 
 
 cp_status cpi_cpu_attn_forward(void *state, const cp_kernel_attn_args *a)
 {
+    const char *func = "cp_kernel_attn_forward";
     cpi_cpu_state *s = state;
     problem p = make_problem(cpi_cpu_state_tiles(s), a, 0);
     int threads = fwd_threads(s, &p);
     size_t need = 0;
-    CPI_TRY(fwd_layout(&p, threads, NULL, NULL, "cp_kernel_attn_forward", &need));
-    fwd_tiles *tiles = cpi_calloc((size_t)threads, sizeof *tiles);
-    if (!tiles)
-        return CP_ERROR_OUT_OF_MEMORY;
+    CPI_TRY(fwd_layout(&p, threads, NULL, NULL, func, &need));
+    fwd_job job = {.p = &p};
+    job.units = fwd_units(&p, &job.q_tiles);
+    CPI_TRY(rect_index_build(&p, a, false, FWD_BQ, &job.ix, func));
+    job.order = fwd_order(&job);
+    job.tiles = cpi_calloc((size_t)threads, sizeof *job.tiles);
     void *base = NULL, *owned = NULL;
-    cp_status st = get_workspace(a, need, "cp_kernel_attn_forward", &base, &owned);
+    cp_status st = job.order && job.tiles ? get_workspace(a, need, func, &base, &owned) : CP_ERROR_OUT_OF_MEMORY;
     if (st == CP_SUCCESS) {
-        fwd_layout(&p, threads, base, tiles, "cp_kernel_attn_forward", &need);
-        fwd_job job = {.p = &p, .tiles = tiles};
-        job.units = fwd_units(&p, &job.q_tiles);
+        fwd_layout(&p, threads, base, job.tiles, func, &need);
         atomic_init(&job.next, 0);
         cpi_cpu_parallel(s, threads, fwd_task, &job);
     }
     free(owned);
-    free(tiles);
+    free(job.tiles);
+    free(job.order);
+    rect_index_free(&job.ix);
     return st;
 }
 
@@ -839,13 +1171,14 @@ cp_status cpi_cpu_attn_backward(void *state, const cp_kernel_attn_args *a)
     bwd_job job = {.p = &p, .sp = bwd_plan(s, &p)};
     size_t need = 0;
     CPI_TRY(bwd_layout(&p, &job.sp, NULL, NULL, func, &need));
+    CPI_TRY(rect_index_build(&p, a, true, BWD_BK, &job.ix, func));
     job.tiles = cpi_calloc((size_t)job.sp.threads, sizeof *job.tiles);
     job.bounds = cpi_calloc((size_t)job.sp.chunks + 1, sizeof *job.bounds);
     void *base = NULL, *owned = NULL;
     cp_status st = job.tiles && job.bounds ? get_workspace(a, need, func, &base, &owned) : CP_ERROR_OUT_OF_MEMORY;
     if (st == CP_SUCCESS) {
         bwd_layout(&p, &job.sp, base, &job, func, &need);
-        bwd_cut(&p, job.sp.chunks, job.bounds);
+        bwd_cut(&job, job.sp.chunks, job.bounds);
         atomic_init(&job.next, 0);
         cpi_cpu_parallel(s, job.sp.threads, bwd_prepare_task, &job);
         cpi_cpu_parallel(s, job.sp.threads, bwd_main_task, &job);
@@ -854,5 +1187,6 @@ cp_status cpi_cpu_attn_backward(void *state, const cp_kernel_attn_args *a)
     free(owned);
     free(job.bounds);
     free(job.tiles);
+    rect_index_free(&job.ix);
     return st;
 }

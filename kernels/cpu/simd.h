@@ -159,6 +159,40 @@ static inline vf vexp2(vf x)
     return p * (vf)e;
 }
 
+/* |x| for every lane (the sign bit cleared; NaN stays NaN). */
+static inline vf vabs(vf x)
+{
+    return (vf)((vi)x & 0x7fffffff);
+}
+
+/*
+ * tanh for every lane, absolute error below 1e-7 (1.6 units in the last
+ * place of 1; measured against tanh in double over [-20, 20] in steps of
+ * 1e-5), relative error below 2e-7. NaN stays NaN (vexp2 passes it, and a
+ * NaN fails the comparison below) and +-inf gives exactly +-1. For
+ * |x| < 0.55 the odd Taylor series to x^15 (truncation below 3e-8), which
+ * keeps the relative precision of small arguments; beyond, 1 - 2 / (e^2|x| + 1)
+ * with the sign of x, which no longer cancels (the result is >= 0.5). Both
+ * are computed and one is selected per lane.
+ */
+static inline vf vtanh(vf x)
+{
+    vf a = vabs(x);
+    vf e = vexp2(a * vset1(2.8853900817779268f)); /* e^(2|x|) = 2^(2|x| log2(e)) */
+    vf big = vset1(1.0f) - vset1(2.0f) / (e + vset1(1.0f));
+    big = (vf)((vi)big | ((vi)x & INT32_MIN));
+    vf x2 = x * x;
+    vf p = vset1(-1.4558343e-3f); /* -929569/638512875 */
+    p = vfma(p, x2, vset1(3.5921280e-3f));   /* 21844/6081075 */
+    p = vfma(p, x2, vset1(-8.8632355e-3f));  /* -1382/155925 */
+    p = vfma(p, x2, vset1(2.1869488e-2f));   /* 62/2835 */
+    p = vfma(p, x2, vset1(-5.3968254e-2f));  /* -17/315 */
+    p = vfma(p, x2, vset1(1.3333334e-1f));   /* 2/15 */
+    p = vfma(p, x2, vset1(-3.3333334e-1f));  /* -1/3 */
+    vf small = vfma(p * x2, x, x);
+    return vselect(a < vset1(0.55f), small, big);
+}
+
 /* Horizontal reductions (outside the hot loops). */
 static inline float vreduce_add(vf x)
 {

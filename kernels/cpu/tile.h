@@ -49,12 +49,24 @@ typedef struct cpi_tile_ops {
     void (*softmax_fwd)(float *S, int nk, int n16, ptrdiff_t lds, float *m, float *l, float *alpha);
 
     /*
-     * The elementwise part of the backward pass on a query-major tile of nq
-     * rows and n16 columns: P = 2^(S*c - lse2[i]) for columns j < lim[i], 0 in
-     * the others; dP <- scale * P * (dP - D[i]). S is overwritten with P.
+     * The elementwise part of the backward pass on the columns [j0, n16) of
+     * a query-major tile of nq rows (j0 a multiple of 16): P = 2^(S*c -
+     * lse2[i]) for columns lo[i] <= j < lim[i], 0 in the others;
+     * dP <- scale * P * (dP - D[i]), times dt (a tile of the same pitch)
+     * when dt is not NULL, and 0 outside [lo[i], lim[i]) too: selected, not
+     * multiplied by P = 0, so that a NaN there stays out. S is overwritten
+     * with P; the columns before j0 are not touched.
      */
-    void (*softmax_bwd)(float *S, float *dP, int nq, int n16, ptrdiff_t ld, const int *lim, float c,
-                        float scale, const float *lse2, const float *D);
+    void (*softmax_bwd)(float *S, float *dP, int nq, int j0, int n16, ptrdiff_t ld, const int *lo,
+                        const int *lim, float c, float scale, const float *lse2, const float *D,
+                        const float *dt);
+
+    /*
+     * The logit softcap on rows of n16 columns (pitch ld): t = tanh(in * x),
+     * x <- out * t, and with dt (same pitch) dt <- 1 - t^2, the derivative
+     * of tanh. NaN stays NaN and +-inf gives +-out; |error of t| < 1e-7.
+     */
+    void (*softcap)(float *X, int rows, int n16, ptrdiff_t ld, float in, float out, float *dt);
 
     /* Row i of C (n16 columns) *= alpha[i], for i < M. */
     void (*scale_rows)(float *C, int M, int n16, ptrdiff_t ldc, const float *alpha);

@@ -141,34 +141,65 @@ static void tile_softmax_fwd(float *S, int nk, int n16, ptrdiff_t lds, float *m,
     }
 }
 
-static void tile_softmax_bwd(float *S, float *dP, int nq, int n16, ptrdiff_t ld, const int *lim, float c,
-                             float scale, const float *lse2, const float *D)
+/* One row's share of tile_softmax_bwd; CAP (a constant at both call sites)
+ * says whether dS takes the softcap's factor dt. */
+static ALWAYS_INLINE void softmax_bwd_row(const bool CAP, float *s, float *dp, const float *dt, int j, int n16,
+                                          int begin, int end, vf vc, vf vscale, vf nl, vf d)
+{
+    /* whole vectors before the first visible key */
+    for (; j + VL <= begin; j += VL) {
+        vstore(s + j, vzero());
+        vstore(dp + j, vzero());
+    }
+    for (; j < end; j += VL) {
+        vf p = vexp2(vfma(vload(s + j), vc, nl));
+        vf ds = vscale * p * (vload(dp + j) - d);
+        if (CAP)
+            ds = ds * vload(dt + j);
+        if (j < begin || j + VL > end) {
+            /* a vector that straddles a limit: zero the lanes outside,
+             * selected, not multiplied by p = 0: a hidden lane's dP may be
+             * NaN (a non-finite dO or V row), and 0 * NaN would leak it */
+            vi keep;
+            for (int k = 0; k < VL; k++)
+                keep[k] = j + k >= begin && j + k < end ? -1 : 0;
+            p = vselect(keep, p, vzero());
+            ds = vselect(keep, ds, vzero());
+        }
+        vstore(s + j, p);
+        vstore(dp + j, ds);
+    }
+    for (; j < n16; j += VL) {
+        vstore(s + j, vzero());
+        vstore(dp + j, vzero());
+    }
+}
+
+static void tile_softmax_bwd(float *S, float *dP, int nq, int j0, int n16, ptrdiff_t ld, const int *lo,
+                             const int *lim, float c, float scale, const float *lse2, const float *D,
+                             const float *dt)
 {
     const vf vc = vset1(c), vscale = vset1(scale);
     for (int i = 0; i < nq; i++) {
-        float *s = S + i * ld, *dp = dP + i * ld;
         vf nl = vset1(-lse2[i]), d = vset1(D[i]);
-        int j = 0, end = lim[i];
-        for (; j + VL <= end; j += VL) {
-            vf p = vexp2(vfma(vload(s + j), vc, nl));
-            vstore(s + j, p);
-            vstore(dp + j, vscale * p * (vload(dp + j) - d));
-        }
-        if (j < end) {
-            /* the vector that straddles the limit: zero the lanes past it */
-            vi keep;
-            for (int k = 0; k < VL; k++)
-                keep[k] = j + k < end ? -1 : 0;
-            vf p = vselect(keep, vexp2(vfma(vload(s + j), vc, nl)), vzero());
-            vstore(s + j, p);
-            /* selected, not multiplied by p = 0: a hidden lane's dP may be
-             * NaN (a non-finite dO or V row), and 0 * NaN would leak it */
-            vstore(dp + j, vselect(keep, vscale * p * (vload(dp + j) - d), vzero()));
-            j += VL;
-        }
-        for (; j < n16; j += VL) {
-            vstore(s + j, vzero());
-            vstore(dp + j, vzero());
+        if (dt)
+            softmax_bwd_row(true, S + i * ld, dP + i * ld, dt + i * ld, j0, n16, lo[i], lim[i], vc, vscale, nl,
+                            d);
+        else
+            softmax_bwd_row(false, S + i * ld, dP + i * ld, NULL, j0, n16, lo[i], lim[i], vc, vscale, nl, d);
+    }
+}
+
+static void tile_softcap(float *X, int rows, int n16, ptrdiff_t ld, float in, float out, float *dt)
+{
+    const vf vin = vset1(in), vout = vset1(out), one = vset1(1.0f);
+    for (int r = 0; r < rows; r++) {
+        float *x = X + r * ld;
+        for (int j = 0; j < n16; j += VL) {
+            vf t = vtanh(vin * vload(x + j));
+            vstore(x + j, vout * t);
+            if (dt)
+                vstore(dt + r * ld + j, one - t * t);
         }
     }
 }
@@ -292,6 +323,7 @@ const cpi_tile_ops CPI_TILE_TABLE = {
     .gemm = tile_gemm,
     .softmax_fwd = tile_softmax_fwd,
     .softmax_bwd = tile_softmax_bwd,
+    .softcap = tile_softcap,
     .scale_rows = tile_scale_rows,
     .load = tile_load,
     .store = tile_store,

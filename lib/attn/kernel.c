@@ -143,6 +143,69 @@ static cp_status check_flag(const char *func, const char *name, int v)
     return CP_SUCCESS;
 }
 
+/* One side ("q" or "k") of rectangle i against the block's seq rows. */
+static cp_status check_rect_side(const char *func, int64_t i, const char *x, int64_t row, int64_t len, int64_t pos,
+                                 int64_t seq)
+{
+    CPI_CHECK(len >= 0, "%s: a->rects[%" PRId64 "].%s_len = %" PRId64 " (must be >= 0)", func, i, x, len);
+    CPI_CHECK(row >= 0 && row <= seq - len,
+              "%s: a->rects[%" PRId64 "].%s_row = %" PRId64 " with %s_len = %" PRId64
+              " (rows [%s_row, %s_row + %s_len) must lie in [0, a->seq_%s = %" PRId64 "))",
+              func, i, x, row, x, len, x, x, x, x, seq);
+    CPI_CHECK(pos >= 0 && pos <= CPI_RECT_POS_MAX - len,
+              "%s: a->rects[%" PRId64 "].%s_pos = %" PRId64 " with %s_len = %" PRId64
+              " (must be >= 0, and %s_pos + %s_len at most %" PRId64 ")",
+              func, i, x, pos, x, len, x, x, (int64_t)CPI_RECT_POS_MAX);
+    return CP_SUCCESS;
+}
+
+/* The API 1.1 fields: window, softcap, rectangles. */
+static cp_status check_v11(const char *func, const cp_kernel_attn_args *a)
+{
+    CPI_CHECK(a->window >= 0, "%s: a->window = %" PRId64 " (must be >= 0; 0 = none)", func, a->window);
+    CPI_CHECK(cpi_softcap_ok(a->softmax_scale, a->softcap),
+              "%s: a->softcap = %g (must be 0 for none, or finite and > 0, at most %.17g and at least "
+              "|softmax_scale| / %.17g; softmax_scale = %g)",
+              func, a->softcap, CPI_SOFTMAX_SCALE_MAX, CPI_SOFTMAX_SCALE_MAX, a->softmax_scale);
+    CPI_CHECK(a->num_rects >= 0, "%s: a->num_rects = %" PRId64 " (must be >= 0)", func, a->num_rects);
+    CPI_CHECK(a->rects || a->num_rects == 0,
+              "%s: a->rects is NULL with a->num_rects = %" PRId64 " (0 without rectangles)", func, a->num_rects);
+    for (int64_t i = 0; i < a->num_rects; i++) {
+        const cp_attn_rect *r = &a->rects[i];
+        CPI_TRY(check_rect_side(func, i, "q", r->q_row, r->q_len, r->q_pos, a->seq_q));
+        CPI_TRY(check_rect_side(func, i, "k", r->k_row, r->k_len, r->k_pos, a->seq_k));
+    }
+    return CP_SUCCESS;
+}
+
+cp_status cpi_kernel_v11_supported(const cp_context *ctx, const char *func, int64_t window, double softcap,
+                                   bool rects)
+{
+    const cp_backend_ops *o = ctx->ops;
+    size_t have = o->struct_size >= offsetof(cp_backend_ops, kernel_args_size) + sizeof o->kernel_args_size
+                      ? o->kernel_args_size
+                      : 0;
+    if (have == 0)
+        have = offsetof(cp_kernel_attn_args, window);
+    const struct {
+        bool set;
+        const char *name;
+        size_t end;
+    } fields[] = {
+        { window != 0, "window", offsetof(cp_kernel_attn_args, window) + sizeof(int64_t) },
+        { softcap != 0, "softcap", offsetof(cp_kernel_attn_args, softcap) + sizeof(double) },
+        { rects, "rects", offsetof(cp_kernel_attn_args, num_rects) + sizeof(int64_t) },
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].set && have < fields[i].end)
+            return cpi_error(CP_ERROR_UNSUPPORTED,
+                             "%s: %s is set, but the kernels of the %s backend do not support it (they read "
+                             "cp_kernel_attn_args up to byte %zu, %s needs %zu: API 1.1)",
+                             func, fields[i].name, o->name ? o->name : "(unnamed)", have, fields[i].name,
+                             fields[i].end);
+    return CP_SUCCESS;
+}
+
 cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args *user, cpi_kernel_use use,
                                      int backward_fields, cp_kernel_attn_args *out)
 {
@@ -185,6 +248,7 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
     CPI_CHECK(cpi_softmax_scale_ok(a->softmax_scale),
               "%s: a->softmax_scale = %g (must be finite, |scale| <= %.17g; 0 for 1/sqrt(head_dim))", func,
               a->softmax_scale, CPI_SOFTMAX_SCALE_MAX);
+    CPI_TRY(check_v11(func, a));
     CPI_TRY(check_result_dtype(func, "o_dtype", a->o_dtype, a->dtype));
     if (!bwd)
         CPI_TRY(check_flag(func, "accumulate", a->accumulate));
@@ -259,6 +323,7 @@ CP_EXPORT cp_status cp_kernel_attn_workspace_size(cp_context *ctx, const cp_kern
     CPI_CHECK(backward == 0 || backward == 1, "%s: backward = %d (must be 0 or 1)", __func__, backward);
     cp_kernel_attn_args n;
     CPI_TRY(cpi_kernel_attn_args_check(__func__, a, CPI_KERNEL_SIZE_ONLY, backward, &n));
+    CPI_TRY(cpi_kernel_v11_supported(ctx, __func__, n.window, n.softcap, n.rects != NULL));
     return ctx->ops->attn_workspace_size(ctx->state, &n, backward, bytes);
 }
 
@@ -267,6 +332,7 @@ CP_EXPORT cp_status cp_kernel_attn_forward(cp_context *ctx, const cp_kernel_attn
     CPI_CHECK_PTR(ctx);
     cp_kernel_attn_args n;
     CPI_TRY(cpi_kernel_attn_args_check(__func__, a, CPI_KERNEL_FORWARD, 0, &n));
+    CPI_TRY(cpi_kernel_v11_supported(ctx, __func__, n.window, n.softcap, n.rects != NULL));
     return ctx->ops->attn_forward(ctx->state, &n);
 }
 
@@ -275,6 +341,7 @@ CP_EXPORT cp_status cp_kernel_attn_backward(cp_context *ctx, const cp_kernel_att
     CPI_CHECK_PTR(ctx);
     cp_kernel_attn_args n;
     CPI_TRY(cpi_kernel_attn_args_check(__func__, a, CPI_KERNEL_BACKWARD, 1, &n));
+    CPI_TRY(cpi_kernel_v11_supported(ctx, __func__, n.window, n.softcap, n.rects != NULL));
     return ctx->ops->attn_backward(ctx->state, &n);
 }
 

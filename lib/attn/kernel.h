@@ -36,6 +36,34 @@ static inline bool cpi_softmax_scale_ok(double scale)
     return isfinite(scale) && fabs(scale) <= CPI_SOFTMAX_SCALE_MAX;
 }
 
+/*
+ * A softcap c (API 1.1): 0 for none, else finite and > 0, with c * log2(e)
+ * and |scale| / c finite floats (the CPU forward scales Q by scale / c and
+ * maps scores through c log2(e) tanh); both bounds are
+ * CPI_SOFTMAX_SCALE_MAX, which messages print.
+ */
+static inline bool cpi_softcap_ok(double scale, double softcap)
+{
+    return softcap == 0 || (isfinite(softcap) && softcap > 0 && softcap <= CPI_SOFTMAX_SCALE_MAX &&
+                            fabs(scale) / softcap <= CPI_SOFTMAX_SCALE_MAX);
+}
+
+/* Rectangle positions (q_pos, k_pos) and their ends pos + len are at most
+ * this: the kernels add windows and row offsets to them in int64. */
+#define CPI_RECT_POS_MAX (INT64_MAX / 4)
+
+/*
+ * Whether ctx's backend understands the API 1.1 kernel arguments that are
+ * set (window != 0, softcap != 0, rects): #CP_ERROR_UNSUPPORTED naming the
+ * first one it does not, and the backend, else CP_SUCCESS. A backend
+ * declares the size of cp_kernel_attn_args its kernels read in
+ * cp_backend_ops.kernel_args_size; 0, or a table too old to have that
+ * field, means the 1.0 arguments. `func` starts the message. The CP plans
+ * ask it too, for the window, softcap and rectangles their blocks will use.
+ */
+cp_status cpi_kernel_v11_supported(const cp_context *ctx, const char *func, int64_t window, double softcap,
+                                   bool rects);
+
 /* The same for cp_kernel_merge(). */
 cp_status cpi_kernel_merge_args_check(const char *func, const cp_kernel_merge_args *a,
                                       cp_kernel_merge_args *out);

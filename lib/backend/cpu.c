@@ -98,6 +98,8 @@ static const cp_backend_ops cpu_ops = {
     .merge = cpi_cpu_merge,
     /* No set_deterministic: every CPU kernel sums in a fixed order, so its
      * results are bitwise reproducible whatever cp_context_config says. */
+    /* windows, softcaps and rectangle lists (API 1.1) */
+    .kernel_args_size = sizeof(cp_kernel_attn_args),
 };
 
 const cp_backend_ops *cpi_cpu_backend(void)
