@@ -54,6 +54,8 @@ typedef struct cfg {
 /* Global data in double ([B][S][heads][dim]) and results. */
 typedef struct data {
     double *q, *k, *v, *dout, *sinks;
+    double dsinks_scale; /* sqrt(sum_h (sum_i |exp(sink_h - lse_i) rowsum(dout_i * o_i)|)^2): the sum's size
+                          * without its cancellation */
     double *out, *lse, *dq, *dk, *dv, *dsinks; /* a run's, or the model's */
 } data;
 
@@ -103,6 +105,8 @@ static void results_free(data *d)
     free(d->dsinks);
 }
 
+static size_t global_at(const cfg *c, int heads, int dim, int64_t b, int64_t p, int h, int e);
+
 /* Inputs rounded to the storage type, and the model's results. */
 static void make_data(const cfg *c, uint64_t seed, data *d)
 {
@@ -138,6 +142,19 @@ static void make_data(const cfg *c, uint64_t seed, data *d)
     for (size_t i = 0; i < n_l(c); i++)
         l32[i] = (float)d->lse[i];
     model_backward_ex(&m, &x, d->q, d->k, d->v, o16, l32, d->dout, d->dq, d->dk, d->dv, c->sinks ? d->dsinks : NULL);
+    double ss = 0;
+    for (int h = 0; h < c->H; h++) {
+        double a = 0;
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t i = 0; i < c->S; i++) {
+                double D = 0;
+                for (int e = 0; e < c->Dv; e++)
+                    D += d->dout[global_at(c, c->H, c->Dv, b, i, h, e)] * o16[global_at(c, c->H, c->Dv, b, i, h, e)];
+                a += fabs(exp(d->sinks[h] - l32[((size_t)b * (size_t)c->H + (size_t)h) * (size_t)c->S + (size_t)i]) * D);
+            }
+        ss += a * a;
+    }
+    d->dsinks_scale = sqrt(ss);
     free(o16);
     free(l32);
 }
@@ -347,7 +364,13 @@ static void errors(const cfg *c, const data *ref, const data *got, double e[NERR
     e[E_DQ] = rel_rms(got->dq, ref->dq, n_q(c));
     e[E_DK] = rel_rms(got->dk, ref->dk, n_k(c));
     e[E_DV] = rel_rms(got->dv, ref->dv, n_v(c));
-    e[E_DSINK] = c->sinks ? rel_rms(got->dsinks, ref->dsinks, (size_t)c->H) : 0;
+    /* against the terms' size: the sum cancels, and the outputs it is made
+     * of are rounded to the storage type, where CP moves a rounding by an
+     * ulp here and there */
+    double num = 0;
+    for (int h = 0; c->sinks && h < c->H; h++)
+        num += (got->dsinks[h] - ref->dsinks[h]) * (got->dsinks[h] - ref->dsinks[h]);
+    e[E_DSINK] = c->sinks && ref->dsinks_scale > 0 ? sqrt(num) / ref->dsinks_scale : 0;
 }
 
 static const char *dtype_name(cp_dtype t)
@@ -401,11 +424,33 @@ static double ratio_floor(cp_dtype t)
     return t == CP_DTYPE_F32 ? 1e-9 : 1e-6;
 }
 
+/* The largest CP=P / CP=1 error ratio seen per tensor (reported). */
+static double worst_ratio[NERR];
+
+static void report_ratios(const char *what)
+{
+    print_message("%s: worst CP=P / CP=1 error ratio: out %.3f lse %.3f dq %.3f dk %.3f dv %.3f dsinks %.3f\n", what,
+                  worst_ratio[0], worst_ratio[1], worst_ratio[2], worst_ratio[3], worst_ratio[4], worst_ratio[5]);
+    memset(worst_ratio, 0, sizeof worst_ratio);
+}
+
+/* dsinks arrives as one float per rank (the API's partial gradient): P
+ * roundings of 2^-24 instead of one; and it sums outputs rounded to the
+ * storage type, whose last bits CP moves around (measured against the
+ * terms' size, see errors()). */
+static double dsinks_floor(const cfg *c)
+{
+    const double u = c->dtype == CP_DTYPE_BF16 ? 0x1.0p-8 : c->dtype == CP_DTYPE_F16 ? 0x1.0p-11 : 0x1.0p-24;
+    return fmax(c->P * 0x1.0p-24, 0.05 * u);
+}
+
 /* CP=1 (one rank, no pack split) and CP=P on the same inputs. */
 static void check(const cfg *c, uint64_t seed)
 {
     char what[700], err[WORLD_ERROR_MAX];
     describe(c, what, sizeof what);
+    if (getenv("V11_TRACE"))
+        fprintf(stderr, "check %s\n", what);
     data d;
     make_data(c, seed, &d);
     cfg one = *c;
@@ -426,7 +471,10 @@ static void check(const cfg *c, uint64_t seed)
         fail_msg("%s: %s", what, err);
     errors(c, &d, &rP, eP);
     for (int i = 0; i < NERR; i++)
-        if (!(eP[i] <= 1.25 * e1[i] + ratio_floor(c->dtype)))
+        if (e1[i] > ratio_floor(c->dtype) && eP[i] / e1[i] > worst_ratio[i])
+            worst_ratio[i] = eP[i] / e1[i];
+    for (int i = 0; i < NERR; i++)
+        if (!(eP[i] <= 1.25 * e1[i] + (i == E_DSINK ? dsinks_floor(c) : ratio_floor(c->dtype))))
             fail_msg("%s: %s error %.4g at CP=P vs %.4g at CP=1 (ratio %.3f > 1.25)", what, err_names[i], eP[i],
                      e1[i], eP[i] / e1[i]);
     results_free(&r1);
@@ -498,7 +546,7 @@ static void test_packed(void **state)
     int runs = 0;
     for (int mode = 0; mode < 4; mode++)
         for (int si = 0; si < 4; si++)
-            for (int rep = 0; rep < (quick() ? 1 : 3); rep++) {
+            for (int rep = 0; rep < (quick() ? 1 : 12); rep++) {
                 cfg c = { .mode = (cp_mode)mode, .layout = CP_LAYOUT_PACKED, .P = sizes[si], .B = 1, .S = 96,
                           .H = 8, .D = 16 };
                 c.dtype = dtypes[(mode + si + rep) % 3];
@@ -529,6 +577,7 @@ static void test_packed(void **state)
                 runs++;
             }
     print_message("packed: %d configurations at CP=1 and CP=P\n", runs);
+    report_ratios("packed");
 }
 
 /* TE's split for comparison: every document a multiple of 2P. */
@@ -554,11 +603,11 @@ static void test_dense(void **state)
     int runs = 0;
     for (int mode = 0; mode < 4; mode++)
         for (int layout = 0; layout < 2; layout++)
-            for (int rep = 0; rep < (quick() ? 1 : 2); rep++) {
+            for (int rep = 0; rep < (quick() ? 1 : 6); rep++) {
                 cfg c = { .mode = (cp_mode)mode, .layout = (cp_layout)layout, .B = 2, .S = 48, .H = 4, .D = 16,
                           .ndocs = 1 };
-                c.P = rep ? 4 : 2;
-                c.A = c.mode == CP_MODE_A2A_P2P ? 2 : 1;
+                c.P = rep % 3 == 0 ? 2 : rep % 3 == 1 ? 4 : 3;
+                c.A = c.mode == CP_MODE_A2A_P2P && c.P % 2 == 0 ? 2 : 1;
                 c.dtype = dtypes[(mode + layout + rep) % 3];
                 c.format = (cp_format)(rng_next(&s) % 2);
                 c.mask = rng_next(&s) % 3 ? CP_MASK_CAUSAL : CP_MASK_NONE;
@@ -573,6 +622,7 @@ static void test_dense(void **state)
                 runs++;
             }
     print_message("dense: %d configurations at CP=1 and CP=P\n", runs);
+    report_ratios("dense");
 }
 
 /* More ranks than the matrix: a 16-rank ring over packed documents. */

@@ -119,7 +119,10 @@ typedef struct direct {
 
 static int direct_plan(const cp_attn_plan *p, const cpi_a2a_item *it, direct *dp)
 {
-    if (it->lse_h || p->a2a_size < 2 || (p->desc.batch != 1 && p->desc.format != CP_FORMAT_SBHD) ||
+    /* Not for packed layouts: their spans come with each call's pack, but
+     * the workspace (exchange buffers or none) is measured once, so the
+     * answer must not depend on the pack. */
+    if (it->lse_h || p->a2a_size < 2 || p->desc.layout == CP_LAYOUT_PACKED || (p->desc.batch != 1 && p->desc.format != CP_FORMAT_SBHD) ||
         (it->kv && p->desc.num_kv_heads % p->a2a_size) || !cpi_comm_has_all_to_all_2d(p->a2a_comm))
         return 0;
     const cpi_tensor *t = it->tensor, *h = it->tensor_h;

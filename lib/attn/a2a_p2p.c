@@ -59,6 +59,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
         const cpi_a2a_item all[] = { iq, ik, iv, io, il };
         take_exchange(p, ws, all, 5, &send, &recv);
     }
+    CPI_TRY(cpi_arena_check(ws, "the exchange buffers"));
     if (ws->measuring)
         return cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, ws);
 
@@ -131,6 +132,7 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
         const cpi_a2a_item all[] = { iq, ik, iv, io, ido, il, idq, idk, idv };
         take_exchange(p, ws, all, 9, &send, &recv);
     }
+    CPI_TRY(cpi_arena_check(ws, "the exchange buffers"));
     if (ws->measuring)
         return cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, ws);
 

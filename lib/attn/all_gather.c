@@ -30,7 +30,7 @@ static cp_status take_gathered(cp_attn_plan *p, cpi_arena *ws, int backward, gat
     g->vblock = cpi_tensor_bytes(p, &one);
     CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, d->num_heads, d->num_kv_heads, backward, &g->scratch_bytes));
     g->scratch = cpi_arena_take(ws, g->scratch_bytes);
-    return CP_SUCCESS;
+    return cpi_arena_check(ws, "the gathered buffers");
 }
 
 static cp_status gather(cp_attn_plan *p, const void *k, const void *v, const gathered *g)

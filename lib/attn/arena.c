@@ -14,5 +14,18 @@ void *cpi_arena_take(cpi_arena *a, size_t bytes)
     a->used = end;
     if (a->measuring)
         return NULL;
+    if (end > a->cap) {
+        /* the run takes more than was measured: a bug, never memory past the end */
+        a->overflow = 1;
+        return NULL;
+    }
     return a->base + start;
+}
+
+cp_status cpi_arena_check(const cpi_arena *a, const char *what)
+{
+    if (!a->measuring && a->overflow)
+        return cpi_error(CP_ERROR_INTERNAL, "%s: the call takes more workspace (%zu bytes so far) than the plan "
+                         "measured (%zu)", what, a->used, a->cap);
+    return CP_SUCCESS;
 }

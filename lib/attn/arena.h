@@ -15,8 +15,11 @@ typedef struct cpi_arena {
 } cpi_arena;
 
 /* The next `bytes` of the arena, 256-byte aligned; NULL when measuring. A
- * total past SIZE_MAX sets `overflow` (only measuring can get there: a real
- * run fits in what was measured). */
+ * total past SIZE_MAX sets `overflow`, and so does a real run that takes
+ * more than the arena holds (then NULL: a run must fit in what was
+ * measured, and cpi_arena_check says so before anything is used). */
 void *cpi_arena_take(cpi_arena *a, size_t bytes);
+/* CP_ERROR_INTERNAL, naming `what`, if a real run's takes overflowed. */
+cp_status cpi_arena_check(const cpi_arena *a, const char *what);
 
 #endif

@@ -245,6 +245,13 @@ static cp_status build_token_sets(cp_attn_plan *p, const cp_pack *pk)
         return CP_ERROR_OUT_OF_MEMORY;
     cp_status s = CP_SUCCESS;
     for (int m = 0; m < p->ring_size && s == CP_SUCCESS; m++) {
+        if (pk && p->a2a_size == 1) {
+            /* a ring member's (or gathered) block is the rank's own buffer, in
+             * the pack's local order, which need not follow the row */
+            const int k = rank_spans(p, pk, m, buf, &sp);
+            s = cpi_tokset_local(sp, k, &p->sub[m]);
+            continue;
+        }
         int n = 0;
         for (int r = m * p->a2a_size; r < (m + 1) * p->a2a_size; r++) {
             const int k = rank_spans(p, pk, r, buf, &sp);
@@ -371,7 +378,17 @@ CP_EXPORT cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, c
             p->desc.head_dim_v = p->desc.head_dim;
         if (p->desc.softmax_scale == 0.0)
             p->desc.softmax_scale = 1.0 / sqrt((double)p->desc.head_dim);
-        s = check_mode(p);
+        /* the kernels' bounds: a plan must not accept what its blocks refuse */
+        if (!cpi_softcap_ok(p->desc.softmax_scale, p->desc.softcap))
+            s = cpi_error(CP_ERROR_INVALID_ARGUMENT,
+                          "cp_attn_plan_create: desc->softcap = %g (with softmax_scale %g: must be 0, or > 0 "
+                          "with softcap and |scale| / softcap at most %.17g)",
+                          p->desc.softcap, p->desc.softmax_scale, CPI_SOFTMAX_SCALE_MAX);
+        else if (p->desc.window > CPI_RECT_POS_MAX)
+            s = cpi_error(CP_ERROR_INVALID_ARGUMENT, "cp_attn_plan_create: desc->window = %lld (at most %lld)",
+                          (long long)p->desc.window, (long long)CPI_RECT_POS_MAX);
+        else
+            s = check_mode(p);
     }
     /* Every rank takes part in the agreement, also one whose arguments are
      * bad, so that the others fail fast instead of waiting for it. */
@@ -511,6 +528,12 @@ static cp_status check_args(const cp_attn_plan *p, const char *func, const cp_at
         CPI_TRY(cpi_copy_config(x, sizeof *x, &defaults, user, sizeof *x, func, "x"));
     const cp_attn_desc *d = &p->desc;
     const cp_pack *pk = x->pack;
+    /* the 1.0 calls take neither a pack nor sinks */
+    const bool v10 = !strcmp(func, "cp_attn_forward") || !strcmp(func, "cp_attn_backward");
+    CPI_CHECK(!v10 || (d->layout != CP_LAYOUT_PACKED && !d->sinks),
+              "%s: the plan has %s: call %s_ex with cp_attn_args", func,
+              d->layout == CP_LAYOUT_PACKED ? "layout CP_LAYOUT_PACKED (it needs a pack)" : "desc->sinks = 1",
+              func);
     if (d->layout == CP_LAYOUT_PACKED) {
         CPI_CHECK(pk, "%s: x->pack is NULL (the plan's layout is CP_LAYOUT_PACKED)", func);
         CPI_CHECK(pk->cp_size == p->cp_size, "%s: x->pack was made for cp_size %d, the plan's group has %d ranks",
@@ -525,8 +548,8 @@ static cp_status check_args(const cp_attn_plan *p, const char *func, const cp_at
         CPI_CHECK((uintptr_t)x->sinks % sizeof(float) == 0, "%s: x->sinks = %p is not aligned to 4 bytes", func,
                   (const void *)x->sinks);
         CPI_CHECK(!backward || x->dsinks, "%s: x->dsinks is NULL (the plan has desc->sinks = 1)", func);
-        CPI_CHECK((uintptr_t)x->dsinks % sizeof(float) == 0, "%s: x->dsinks = %p is not aligned to 4 bytes", func,
-                  (void *)x->dsinks);
+        CPI_CHECK(!backward || (uintptr_t)x->dsinks % sizeof(float) == 0,
+                  "%s: x->dsinks = %p is not aligned to 4 bytes", func, (void *)x->dsinks);
     } else {
         CPI_CHECK(!x->sinks, "%s: x->sinks is set but the plan has desc->sinks = 0", func);
         CPI_CHECK(!x->dsinks, "%s: x->dsinks is set but the plan has desc->sinks = 0", func);

@@ -66,7 +66,7 @@ static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tenso
     }
     CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, &b->scratch_bytes));
     b->scratch = cpi_arena_take(ws, b->scratch_bytes);
-    return CP_SUCCESS;
+    return cpi_arena_check(ws, "the ring's buffers");
 }
 
 /* ---- which rows of a block are of use (ring.h) ------------------------- */
