@@ -5,7 +5,10 @@
  * backward computes dK, dV for all keys and reduce-scatters them to their
  * owners.
  * The gathered blocks stay in rank order; p->sub[r] says which global
- * positions block r holds, so no reordering copy is needed.
+ * positions block r holds, so no reordering copy is needed. Where the
+ * blocks are one tensor of all ranks' rows (batch 1, or SBHD) and the plan
+ * attends through rectangles, the local queries attend to the whole
+ * gathered row in one call (p->gathered); otherwise block by block.
  */
 #include <string.h>
 
@@ -18,6 +21,12 @@ typedef struct gathered {
     size_t scratch_bytes;
 } gathered;
 
+/* Whether the local queries attend to the gathered row in one call. */
+static bool one_call(const cp_attn_plan *p)
+{
+    return p->rects && (p->desc.batch == 1 || p->desc.format == CP_FORMAT_SBHD);
+}
+
 static cp_status take_gathered(cp_attn_plan *p, cpi_arena *ws, int backward, gathered *g)
 {
     const cp_attn_desc *d = &p->desc;
@@ -28,7 +37,8 @@ static cp_status take_gathered(cp_attn_plan *p, cpi_arena *ws, int backward, gat
     g->kblock = cpi_tensor_bytes(p, &one);
     one.dim = d->head_dim_v;
     g->vblock = cpi_tensor_bytes(p, &one);
-    CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, d->num_heads, d->num_kv_heads, backward, &g->scratch_bytes));
+    CPI_TRY(cpi_attend_scratch(p, p->max_rows, one_call(p) ? n : p->max_rows, d->num_heads, d->num_kv_heads, backward,
+                               &g->scratch_bytes));
     g->scratch = cpi_arena_take(ws, g->scratch_bytes);
     return cpi_arena_check(ws, "the gathered buffers");
 }
@@ -55,7 +65,12 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
     cpi_tensor out = cpi_user_tensor(p, a->out, d->num_heads, d->head_dim_v, d->dtype);
     CPI_TRY(gather(p, a->k, a->v, &g));
     CPI_TRY(cpi_init_partial(p, &o32, &lse));
-    for (int r = 0; r < p->cp_size; r++) {
+    if (one_call(p)) {
+        cpi_attend_io io = { .q = &q, .k = &g.k, .v = &g.v, .tq = &p->mine, .tk = &p->gathered, .o32 = &o32,
+                             .lse = &lse, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
+        CPI_TRY(cpi_attend(p, &io, 0));
+    }
+    for (int r = 0; !one_call(p) && r < p->cp_size; r++) {
         cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.data, r), v = cpi_tensor_block(p, &g.v, g.v.data, r);
         cpi_attend_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .o32 = &o32,
                             .lse = &lse, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
@@ -93,7 +108,13 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
     CPI_TRY(cpi_zero(p, &dvg));
     CPI_TRY(cpi_zero(p, &dq32));
     memset(p->drow_ready, 0, (size_t)p->mine.nspans);
-    for (int r = 0; r < p->cp_size; r++) {
+    if (one_call(p)) {
+        cpi_attend_io io = { .q = &q, .k = &g.k, .v = &g.v, .tq = &p->mine, .tk = &p->gathered, .lse = &lse,
+                             .o = &o, .dout = &dout, .dq32 = &dq32, .dk32 = &dkg, .dv32 = &dvg, .drow = drow,
+                             .drow_ready = p->drow_ready, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
+        CPI_TRY(cpi_attend(p, &io, 1));
+    }
+    for (int r = 0; !one_call(p) && r < p->cp_size; r++) {
         cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.data, r), v = cpi_tensor_block(p, &g.v, g.v.data, r);
         cpi_tensor dk_r = cpi_tensor_block(p, &dkg, dkg.data, r), dv_r = cpi_tensor_block(p, &dvg, dvg.data, r);
         cpi_attend_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .lse = &lse,

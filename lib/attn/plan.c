@@ -219,6 +219,7 @@ static void free_token_sets(cp_attn_plan *p)
     free(p->members);
     free(p->drow_ready);
     cpi_tokset_free(&p->mine);
+    cpi_tokset_free(&p->gathered);
     p->sub = NULL;
     p->members = NULL;
     p->drow_ready = NULL;
@@ -269,6 +270,18 @@ static cp_status build_token_sets(cp_attn_plan *p, const cp_pack *pk)
     /* my own tokens in local order (what the caller's tensors hold) */
     const int n = rank_spans(p, pk, p->rank, buf, &sp);
     CPI_TRY(cpi_tokset_local(sp, n, &p->mine));
+    if (p->desc.mode == CP_MODE_ALL_GATHER) {
+        int total = 0;
+        for (int r = 0; r < p->cp_size; r++)
+            total += p->sub[r].nspans;
+        CPI_TRY(cpi_tokset_alloc(&p->gathered, total));
+        for (int r = 0; r < p->cp_size; r++)
+            for (int i = 0; i < p->sub[r].nspans; i++) {
+                p->gathered.span[p->gathered.nspans] = p->sub[r].span[i];
+                p->gathered.row[p->gathered.nspans++] = (int64_t)r * p->s_loc + p->sub[r].row[i];
+            }
+        p->gathered.ntok = (int64_t)p->cp_size * p->s_loc;
+    }
     /* cpi_attend may put a whole token set in one kernel call */
     p->max_rows = p->mine.ntok;
     int spans = p->mine.nspans;

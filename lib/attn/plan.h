@@ -50,6 +50,7 @@ struct cp_attn_plan {
     cpi_vis vis;         /* the mask, window and documents */
     int64_t one_doc[2];  /* {0, seq_len}: a non-packed sequence is one document */
     cpi_tokset *members; /* a2a_size: the tokens of my sub-group's members, each in its local order */
+    cpi_tokset gathered; /* all_gather: every rank's tokens, rank after rank, as the gathered buffer holds them */
     uint64_t bound;      /* id of the pack the token sets were built for; 0: the layout's */
     int ring_fwd_dir;    /* cpi_ring.fwd_dir of the forward ring, chosen for these token sets */
     size_t ws_fwd, ws_bwd;
