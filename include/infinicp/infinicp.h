@@ -455,6 +455,60 @@ void cp_comm_destroy(cp_comm *c);
  */
 cp_status cp_comm_create_nccl(void *nccl_comm, cp_comm **out);
 
+/** Bytes of an NCCL unique id (NCCL's ncclUniqueId), as cp_nccl_unique_id() makes it (API 1.1). */
+#define CP_NCCL_UNIQUE_ID_BYTES 128
+
+/**
+ * @brief Make an NCCL unique id, for cp_comm_create_nccl_id() (API 1.1).
+ *
+ * One rank (rank 0, by convention) calls it and hands the bytes to every
+ * rank of the communicator to be, by any means (MPI, a key-value store,
+ * a file); each then calls cp_comm_create_nccl_id() with them. The bytes
+ * are opaque (ncclGetUniqueId): they hold the address at which this process
+ * waits for the ranks to meet. Needs no context and no NCCL headers; loads
+ * the CUDA backend module (which carries NCCL) on first use.
+ * @param id receives #CP_NCCL_UNIQUE_ID_BYTES bytes; left alone on failure.
+ * @param id_bytes the size of @p id: #CP_NCCL_UNIQUE_ID_BYTES (128).
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL @p id or
+ *         another @p id_bytes; #CP_ERROR_UNSUPPORTED if the CUDA backend
+ *         module is not available, is older than this call, or was built
+ *         without NCCL (the message says which and why);
+ *         #CP_ERROR_COMM if NCCL fails.
+ */
+cp_status cp_nccl_unique_id(void *id, size_t id_bytes);
+
+/**
+ * @brief Create an NCCL communicator that the library owns (collective
+ *        over @p nranks ranks; API 1.1).
+ *
+ * Every rank passes the same id, made by cp_nccl_unique_id() on one of
+ * them, the same @p nranks and its own @p rank; the call returns once all
+ * of them have joined (ncclCommInitRank on @p ctx's CUDA device). With NCCL
+ * 2.14 and newer it waits at most 5 minutes, then fails with
+ * #CP_ERROR_TIMEOUT and aborts the communicator. Unlike
+ * cp_comm_create_nccl()'s, the NCCL communicator belongs to the library:
+ * cp_comm_destroy() destroys it (waiting at most 5 minutes for its queued
+ * work, then aborting it). Otherwise the result is like
+ * cp_comm_create_nccl()'s: buffers of its collectives live on a CUDA
+ * context, the work is queued on that context's stream, and faults are
+ * reported the same way. Needs no NCCL headers.
+ * @param ctx a CUDA context: the device of this rank.
+ * @param id the #CP_NCCL_UNIQUE_ID_BYTES bytes of cp_nccl_unique_id().
+ * @param id_bytes #CP_NCCL_UNIQUE_ID_BYTES (128).
+ * @param nranks ranks of the communicator, >= 1.
+ * @param rank this rank, 0 to @p nranks - 1.
+ * @param out receives the communicator (NULL on failure).
+ * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for NULL arguments,
+ *         another @p id_bytes, @p nranks < 1 or @p rank out of range;
+ *         #CP_ERROR_UNSUPPORTED for a context that is not a CUDA one, or a
+ *         CUDA module older than this call or built without NCCL;
+ *         #CP_ERROR_TIMEOUT if the ranks do not all join in time;
+ *         #CP_ERROR_COMM if NCCL fails; #CP_ERROR_BACKEND for a CUDA
+ *         error; #CP_ERROR_OUT_OF_MEMORY.
+ */
+cp_status cp_comm_create_nccl_id(cp_context *ctx, const void *id, size_t id_bytes, int nranks, int rank,
+                                 cp_comm **out);
+
 /* ------------------------------------------------------------------------ */
 /* CP groups                                                                */
 /* ------------------------------------------------------------------------ */
@@ -829,7 +883,12 @@ void cp_attn_plan_destroy(cp_attn_plan *p);
  * positions q_pos and k_pos (the mask and window compare positions).
  */
 typedef struct cp_attn_rect {
-    int64_t q_row, q_len, k_row, k_len, q_pos, k_pos;
+    int64_t q_row; /**< first query row of the block */
+    int64_t q_len; /**< query rows */
+    int64_t k_row; /**< first key row of the block */
+    int64_t k_len; /**< key rows */
+    int64_t q_pos; /**< position of query row q_row */
+    int64_t k_pos; /**< position of key row k_row */
 } cp_attn_rect;
 
 /**

@@ -145,18 +145,31 @@ static cp_attn_desc read_desc(fuzz_input *in)
     d.softmax_scale = fuzz_f64(in);
     d.layout = (cp_layout)fuzz_i32(in);
     d.mode = (cp_mode)fuzz_i32(in);
+    /* API 1.1: read last, so inputs of 1.0 seeds decode as before */
+    d.window = fuzz_i64(in);
+    d.softcap = fuzz_f64(in);
+    d.sinks = fuzz_i32(in);
     return d;
+}
+
+/* What the library reads of d: struct_size bytes over the defaults. */
+static cp_attn_desc effective(const cp_attn_desc *d)
+{
+    cp_attn_desc e = CP_ATTN_DESC_INIT;
+    memcpy(&e, d, d->struct_size < sizeof e ? d->struct_size : sizeof e);
+    return e;
 }
 
 /* The rules of cp_attn_plan_create(3) for a group of one rank, written out
  * again: the status they call for, and in *also another one they allow
  * (where the order of two checks or the workspace total decides). */
-static cp_status desc_rules(const cp_attn_desc *d, cp_status *also)
+static cp_status desc_rules(const cp_attn_desc *given, cp_status *also)
 {
     const size_t v1 = offsetof(cp_attn_desc, mode) + sizeof(cp_mode);
     *also = CP_ERROR_INVALID_ARGUMENT;
-    if (d->struct_size < v1)
+    if (given->struct_size < v1)
         return CP_ERROR_INVALID_ARGUMENT;
+    const cp_attn_desc e = effective(given), *d = &e;
     if (d->dtype != CP_DTYPE_F32 && d->dtype != CP_DTYPE_F16 && d->dtype != CP_DTYPE_BF16 &&
         d->dtype != CP_DTYPE_F64)
         return CP_ERROR_INVALID_ARGUMENT;
@@ -164,13 +177,21 @@ static cp_status desc_rules(const cp_attn_desc *d, cp_status *also)
                d->num_heads < 1 || d->num_kv_heads < 1 || d->num_heads % d->num_kv_heads || d->head_dim < 1 ||
                d->head_dim_v < 0 || (d->mask != CP_MASK_NONE && d->mask != CP_MASK_CAUSAL) ||
                !(fabs(d->softmax_scale * 1.4426950408889634) <= 3.0e38) || (d->mode < CP_MODE_ALL_GATHER || d->mode > CP_MODE_A2A_P2P) ||
-               (d->layout != CP_LAYOUT_CONTIGUOUS && d->layout != CP_LAYOUT_ZIGZAG) ||
-               (d->layout == CP_LAYOUT_ZIGZAG && d->seq_len % 2);
+               (d->layout != CP_LAYOUT_CONTIGUOUS && d->layout != CP_LAYOUT_ZIGZAG &&
+                d->layout != CP_LAYOUT_PACKED) ||
+               (d->layout == CP_LAYOUT_ZIGZAG && d->seq_len % 2) ||
+               (d->layout == CP_LAYOUT_PACKED && d->batch != 1) || d->window < 0 || !isfinite(d->softcap) ||
+               d->softcap < 0 || (d->sinks != 0 && d->sinks != 1);
     if (d->dtype == CP_DTYPE_F64) {
         *also = CP_ERROR_UNSUPPORTED;
         return bad ? CP_ERROR_INVALID_ARGUMENT : CP_ERROR_UNSUPPORTED;
     }
     if (bad)
+        return CP_ERROR_INVALID_ARGUMENT;
+    /* the kernels' bounds on the softcap (with the scale as filled in) and the window */
+    const double max = 3.0e38 / 1.4426950408889634;
+    const double scale = d->softmax_scale != 0 ? d->softmax_scale : 1.0 / sqrt((double)d->head_dim);
+    if ((d->softcap > 0 && (d->softcap > max || fabs(scale) / d->softcap > max)) || d->window > INT64_MAX / 4)
         return CP_ERROR_INVALID_ARGUMENT;
     /* the largest tensor in bytes: far from the limit both verdicts are certain */
     int64_t dim = d->head_dim > d->head_dim_v ? d->head_dim : d->head_dim_v;
@@ -195,6 +216,8 @@ static void check_kernel_accepts(const cp_attn_desc *d)
     a.seq_q = a.seq_k = d->seq_len;
     a.mask = d->mask;
     a.softmax_scale = d->softmax_scale;
+    a.window = d->window;
+    a.softcap = d->softcap;
     a.o_dtype = CP_DTYPE_F32;
     a.grad_dtype = CP_DTYPE_F32;
     size_t bytes = 0;
@@ -203,6 +226,8 @@ static void check_kernel_accepts(const cp_attn_desc *d)
 
 static void run_plan(cp_attn_plan *p, const cp_attn_desc *d)
 {
+    if (d->layout == CP_LAYOUT_PACKED || d->sinks)
+        return; /* cp_attn_forward_ex's (a pack, sinks): fuzz-pack and the suites run those */
     const int64_t dv = d->head_dim_v ? d->head_dim_v : d->head_dim;
     const int64_t nq[] = { d->batch, d->seq_len, d->num_heads, d->head_dim };
     const int64_t nk[] = { d->batch, d->seq_len, d->num_kv_heads, d->head_dim };
@@ -246,8 +271,9 @@ static void fuzz_desc(fuzz_input *in)
     }
     CHECK(p != NULL);
     /* what the plan read: struct_size may cut the descriptor short */
-    check_kernel_accepts(&d);
-    run_plan(p, &d);
+    const cp_attn_desc e = effective(&d);
+    check_kernel_accepts(&e);
+    run_plan(p, &e);
     cp_attn_plan_destroy(p);
 }
 
