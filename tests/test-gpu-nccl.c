@@ -3,7 +3,9 @@
  * The NCCL transport of the CUDA module over a one-rank NCCL communicator
  * (one GPU; several ranks need several GPUs and are tested elsewhere): every
  * collective moves or reduces exactly what the transport contract says,
- * split works, and misuse is refused. Skips (exit 77) without a GPU.
+ * split works, and misuse is refused; a communicator the library creates
+ * from an NCCL unique id (cp_nccl_unique_id, cp_comm_create_nccl_id) works
+ * and is destroyed with its handle. Skips (exit 77) without a GPU.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -134,6 +136,71 @@ static void test_refuses_host_buffers(void **unused)
     release(c);
 }
 
+/* cp_nccl_unique_id + cp_comm_create_nccl_id: a library-owned communicator
+ * on a CUDA context, whose collectives, splits and groups work, and which
+ * cp_comm_destroy destroys (ncclCommFinalize + ncclCommDestroy): twice, with
+ * a fresh id each time. */
+static void test_library_owned_from_id(void **unused)
+{
+    (void)unused;
+    cp_context_config cfg = CP_CONTEXT_CONFIG_INIT;
+    cfg.device = CP_DEVICE_CUDA;
+    cp_context *ctx;
+    assert_int_equal(cp_context_create(&cfg, &ctx), CP_SUCCESS);
+    for (int round = 0; round < 2; round++) {
+        unsigned char id[CP_NCCL_UNIQUE_ID_BYTES], zero[CP_NCCL_UNIQUE_ID_BYTES] = {0};
+        memset(id, 0, sizeof id);
+        if (cp_nccl_unique_id(id, sizeof id) != CP_SUCCESS)
+            fail_msg("cp_nccl_unique_id: %s", cp_last_error());
+        assert_memory_not_equal(id, zero, sizeof id);
+        cp_comm *c = NULL;
+        if (cp_comm_create_nccl_id(ctx, id, sizeof id, 1, 0, &c) != CP_SUCCESS)
+            fail_msg("cp_comm_create_nccl_id: %s", cp_last_error());
+        assert_non_null(c);
+        assert_string_equal(c->ops->name, "nccl");
+        assert_int_equal(c->rank, 0);
+        assert_int_equal(c->size, 1);
+        /* a collective on the context's stream */
+        const size_t n = 1000;
+        float *h = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            h[i] = (float)i * 0.5f - 7.0f;
+        void *send = dev_alloc(ctx->state, n * sizeof(float)), *recv = dev_alloc(ctx->state, n * sizeof(float));
+        upload(ctx->state, send, h, n * sizeof(float));
+        cp_xfer xf = cpi_xfer(ctx, 0);
+        if (c->ops->all_reduce(c->impl, &xf, send, recv, n, CP_DTYPE_F32, CP_REDUCE_SUM) != CP_SUCCESS)
+            fail_msg("all_reduce: %s", cp_last_error());
+        download(ctx->state, got, recv, n * sizeof(float));
+        assert_memory_equal(got, h, n * sizeof(float));
+        assert_int_equal(c->ops->barrier(c->impl, &xf), CP_SUCCESS);
+        ctx->ops->free(ctx->state, send), ctx->ops->free(ctx->state, recv);
+        free(h), free(got);
+        /* splits of it (ncclCommSplit of a non-blocking parent, which
+         * splits in the background), of the split, and with no color; a CP
+         * group over it */
+        cp_comm *sub = NULL, *subsub = NULL, *none = (cp_comm *)&sub;
+        if (cp_comm_split(c, 3, 0, &sub) != CP_SUCCESS)
+            fail_msg("cp_comm_split: %s", cp_last_error());
+        assert_non_null(sub);
+        assert_int_equal(sub->size, 1);
+        if (cp_comm_split(sub, 0, 0, &subsub) != CP_SUCCESS)
+            fail_msg("cp_comm_split of a split: %s", cp_last_error());
+        assert_non_null(subsub);
+        assert_int_equal(c->ops->barrier(subsub->impl, &xf), CP_SUCCESS);
+        if (cp_comm_split(c, -1, 0, &none) != CP_SUCCESS)
+            fail_msg("cp_comm_split with no color: %s", cp_last_error());
+        assert_null(none);
+        cp_comm_destroy(subsub);
+        cp_comm_destroy(sub);
+        cp_group *g = NULL;
+        if (cp_group_create(ctx, c, NULL, &g) != CP_SUCCESS)
+            fail_msg("cp_group_create: %s", cp_last_error());
+        cp_group_destroy(g);
+        cp_comm_destroy(c);
+    }
+    cp_context_destroy(ctx);
+}
+
 int main(void)
 {
     st = gpu_open(NULL);
@@ -150,6 +217,7 @@ int main(void)
         cmocka_unit_test(test_collectives_move_data),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_refuses_host_buffers),
+        cmocka_unit_test(test_library_owned_from_id),
     };
     int r = cmocka_run_group_tests_name("gpu-nccl", tests, NULL, NULL);
     ncclCommDestroy(nccl);

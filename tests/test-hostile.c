@@ -1892,6 +1892,58 @@ static void row_comm_create_nccl(void **state)
     HOSTILE_OUT(c, cp_comm_create_nccl(NULL, &c), E, "nccl_comm is NULL");
 }
 
+/* Every hostile argument is refused before the CUDA module is looked for. */
+static void row_nccl_unique_id(void **state)
+{
+    (void)state;
+    unsigned char id[CP_NCCL_UNIQUE_ID_BYTES + 8];
+    HOSTILE(cp_nccl_unique_id(NULL, CP_NCCL_UNIQUE_ID_BYTES), E, "id is NULL");
+    const size_t bad[] = { 0, 1, 64, CP_NCCL_UNIQUE_ID_BYTES - 1, CP_NCCL_UNIQUE_ID_BYTES + 1, 256, SIZE_MAX };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "id_bytes = %zu", bad[i]);
+        fill(id, sizeof id);
+        HOSTILE(cp_nccl_unique_id(id, bad[i]), E, needle);
+        untouched(id, sizeof id);
+    }
+}
+
+static void row_comm_create_nccl_id(void **state)
+{
+    (void)state;
+    enum { B = CP_NCCL_UNIQUE_ID_BYTES };
+    unsigned char id[B];
+    fill(id, sizeof id);
+    cp_comm *c = NULL;
+    HOSTILE(cp_comm_create_nccl_id(fx.ctx, id, B, 1, 0, NULL), E, "out is NULL");
+    HOSTILE_OUT(c, cp_comm_create_nccl_id(NULL, id, B, 1, 0, &c), E, "ctx is NULL");
+    HOSTILE_OUT(c, cp_comm_create_nccl_id(fx.ctx, NULL, B, 1, 0, &c), E, "id is NULL");
+    const size_t bad_bytes[] = { 0, 1, B - 1, B + 1, SIZE_MAX };
+    for (size_t i = 0; i < sizeof bad_bytes / sizeof bad_bytes[0]; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "id_bytes = %zu", bad_bytes[i]);
+        HOSTILE_OUT(c, cp_comm_create_nccl_id(fx.ctx, id, bad_bytes[i], 1, 0, &c), E, needle);
+    }
+    const int bad_nranks[] = { 0, -1, INT_MIN };
+    for (size_t i = 0; i < sizeof bad_nranks / sizeof bad_nranks[0]; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "nranks = %d", bad_nranks[i]);
+        HOSTILE_OUT(c, cp_comm_create_nccl_id(fx.ctx, id, B, bad_nranks[i], 0, &c), E, needle);
+    }
+    const struct {
+        int nranks, rank;
+    } bad_rank[] = { { 1, -1 }, { 1, 1 }, { 4, 4 }, { 4, -1 }, { 4, INT_MIN }, { 4, INT_MAX }, { INT_MAX, INT_MAX } };
+    for (size_t i = 0; i < sizeof bad_rank / sizeof bad_rank[0]; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "rank = %d", bad_rank[i].rank);
+        HOSTILE_OUT(c, cp_comm_create_nccl_id(fx.ctx, id, B, bad_rank[i].nranks, bad_rank[i].rank, &c), E, needle);
+    }
+    /* valid arguments on a CPU context: NCCL needs a CUDA one */
+    HOSTILE_OUT(c, cp_comm_create_nccl_id(fx.ctx, id, B, 1, 0, &c), CP_ERROR_UNSUPPORTED, "ctx is a CPU context");
+    HOSTILE_OUT(c, cp_comm_create_nccl_id(fx.ctx, id, B, 2, 1, &c), CP_ERROR_UNSUPPORTED, "CP_DEVICE_CUDA");
+    untouched(id, sizeof id);
+}
+
 static const struct row {
     const char *name;
     CMUnitTestFunction run;
@@ -1914,6 +1966,7 @@ static const struct row {
     { "cp_ckpt_meta_to_json", row_ckpt_meta_to_json },
     { "cp_comm_create_local", row_comm_create_local },
     { "cp_comm_create_nccl", row_comm_create_nccl },
+    { "cp_comm_create_nccl_id", row_comm_create_nccl_id },
     { "cp_comm_create_mpi", row_comm_create_mpi },
     { "cp_comm_destroy", row_comm_destroy },
     { "cp_comm_rank", row_comm_rank },
@@ -1937,6 +1990,7 @@ static const struct row {
     { "cp_layout_positions", row_layout_positions },
     { "cp_layout_shard", row_layout_shard },
     { "cp_loss_reduce", row_loss_reduce },
+    { "cp_nccl_unique_id", row_nccl_unique_id },
     { "cp_pack_create", row_pack_create },
     { "cp_pack_destroy", row_pack_destroy },
     { "cp_pack_gather", row_pack_gather },

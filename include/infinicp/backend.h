@@ -150,6 +150,28 @@ typedef struct cp_backend_ops {
      * rectangle list a backend does not understand, instead of handing it over.
      */
     size_t kernel_args_size;
+
+    /**
+     * Make an NCCL unique id (ncclGetUniqueId): @p bytes (always
+     * #CP_NCCL_UNIQUE_ID_BYTES, checked by the core) opaque bytes into
+     * @p id, which is left alone on failure. No context is needed: the core
+     * calls it with the module loaded but maybe no state open
+     * (cp_nccl_unique_id(), API 1.1). #CP_ERROR_UNSUPPORTED, naming why, for
+     * a module built without NCCL.
+     */
+    cp_status (*nccl_unique_id)(void *id, size_t bytes);
+
+    /**
+     * Create a communicator of @p nranks ranks, this one @p rank, on the
+     * device of @p state (ncclCommInitRank with the id of @p bytes bytes;
+     * collective over the nranks ranks) and wrap it into a ::cp_comm through
+     * ::cp_module_host.comm_wrap. Unlike comm_create's, the communicator is
+     * the library's: the transport's destroy destroys it
+     * (cp_comm_create_nccl_id(), API 1.1). The core has checked the
+     * arguments; *out = NULL on failure.
+     */
+    cp_status (*nccl_comm_create)(void *state, const void *id, size_t bytes, int nranks, int rank,
+                                  cp_comm **out);
 } cp_backend_ops;
 
 /** Streams a device backend offers through cp_backend_ops.stream_select. */

@@ -339,6 +339,8 @@ cp_status attn_workspace_size(void *state, const cp_kernel_attn_args *a, int bac
 cp_status attn_forward(void *state, const cp_kernel_attn_args *a);
 cp_status attn_backward(void *state, const cp_kernel_attn_args *a);
 cp_status comm_create(const char *kind, void *foreign, cp_comm **out);
+cp_status nccl_unique_id(void *id, size_t bytes);
+cp_status nccl_comm_create(void *state, const void *id, size_t bytes, int nranks, int rank, cp_comm **out);
 
 namespace {
 
@@ -376,6 +378,8 @@ cp_backend_ops make_ops()
     o.event_wait = cu_event_wait;
     o.comm_create = comm_create;
     o.set_deterministic = cu_set_deterministic;
+    o.nccl_unique_id = nccl_unique_id;
+    o.nccl_comm_create = nccl_comm_create;
     return o;
 }
 

@@ -519,10 +519,32 @@ cp_status n_split(void *impl, int color, int key, int timeout_ms, void **out_imp
     // other members) and every later call can then be given up on and aborted.
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
-    ncclComm_t nc = nullptr;
-    ncclResult_t e = ncclCommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &nc, &cfg);
-    if (e != ncclSuccess && !in_progress(e))
+    // Where NCCL stores the new communicator. A non-blocking parent (those
+    // the library makes, maybe the caller's) splits in the background: NCCL
+    // stores it there (NULL for no color) when the split is done, maybe after
+    // this call gave up, so the slot lives on the heap and is left to NCCL
+    // while its thread may still be running.
+    ncclComm_t *slot = new (std::nothrow) ncclComm_t(nullptr);
+    if (!slot)
+        return fail(CP_ERROR_OUT_OF_MEMORY, "nccl: out of host memory");
+    ncclResult_t e = ncclCommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &cfg);
+    if (e != ncclSuccess && !in_progress(e)) {
+        delete slot; // NCCL clears it on a failed call
         return nccl_fail(c, "split (ncclCommSplit)", e);
+    }
+    if (in_progress(e) && !*slot) {
+        // wait for the parent's background work, which fills the slot
+        if ((r = settle(c, e, "split (ncclCommSplit)", d)) != CP_SUCCESS) {
+            if (c->broken && c->owned) { // aborted, which ended NCCL's thread
+                if (*slot)
+                    ncclCommAbort(*slot);
+                delete slot;
+            }
+            return r;
+        }
+    }
+    ncclComm_t nc = *slot;
+    delete slot;
     if (!nc)
         return CP_SUCCESS; // this rank joins no group
     nccl_comm *n = new_comm(nc, true, true);
@@ -577,6 +599,24 @@ cp_transport_ops make_ops()
 
 const cp_transport_ops g_nccl = make_ops();
 
+// How long cp_comm_create_nccl_id waits for the other ranks to join, and its
+// communicator's destroy for queued work: the 5 minutes of cp_comm_split.
+constexpr int INIT_TIMEOUT_MS = 300000;
+
+static_assert(sizeof(ncclUniqueId) == CP_NCCL_UNIQUE_ID_BYTES, "ncclUniqueId is not CP_NCCL_UNIQUE_ID_BYTES bytes");
+
+} // namespace
+#endif
+
+#ifndef CP_HAVE_NCCL
+namespace {
+cp_status no_nccl(const char *func)
+{
+    return fail(CP_ERROR_UNSUPPORTED,
+                "%s: this CUDA module was built without NCCL (install NCCL's development files, e.g. Debian's "
+                "libnccl-dev, and rebuild)",
+                func);
+}
 } // namespace
 #endif
 
@@ -602,9 +642,93 @@ cp_status comm_create(const char *kind, void *foreign, cp_comm **out)
     return r;
 #else
     (void)foreign;
-    return fail(CP_ERROR_UNSUPPORTED,
-                "cp_comm_create_nccl: this CUDA module was built without NCCL (install NCCL's development files, "
-                "e.g. Debian's libnccl-dev, and rebuild)");
+    return no_nccl("cp_comm_create_nccl");
+#endif
+}
+
+cp_status nccl_unique_id(void *id, size_t bytes)
+{
+    if (!id || bytes != CP_NCCL_UNIQUE_ID_BYTES)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cp_nccl_unique_id: id %p, id_bytes = %zu (must be %d)", id, bytes,
+                    CP_NCCL_UNIQUE_ID_BYTES);
+#ifdef CP_HAVE_NCCL
+    ncclUniqueId uid;
+    ncclResult_t e = ncclGetUniqueId(&uid);
+    if (e != ncclSuccess) {
+        const char *last = last_text(nullptr);
+        return fail(CP_ERROR_COMM, "cp_nccl_unique_id: ncclGetUniqueId: %s%s%s", ncclGetErrorString(e),
+                    last && *last ? ": " : "", last ? last : "");
+    }
+    memcpy(id, &uid, sizeof uid);
+    return CP_SUCCESS;
+#else
+    return no_nccl("cp_nccl_unique_id");
+#endif
+}
+
+// The communicator of cp_comm_create_nccl_id: the library's own (destroy
+// destroys it). Non-blocking where NCCL has ncclConfig_t, like those of
+// split, so that waiting for the other ranks to join is bounded and the
+// communicator can be aborted when they do not.
+cp_status nccl_comm_create(void *p, const void *id, size_t bytes, int nranks, int rank, cp_comm **out)
+{
+    if (!out)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cp_comm_create_nccl_id: out is NULL");
+    *out = nullptr;
+    if (!p || !id || bytes != CP_NCCL_UNIQUE_ID_BYTES || nranks < 1 || rank < 0 || rank >= nranks)
+        return fail(CP_ERROR_INVALID_ARGUMENT,
+                    "cp_comm_create_nccl_id: state %p, id %p, id_bytes = %zu, nranks = %d, rank = %d", p, id, bytes,
+                    nranks, rank);
+#ifdef CP_HAVE_NCCL
+    state *s = static_cast<state *>(p);
+    cp_status r = use_device(s); // NCCL takes the calling thread's current device
+    if (r != CP_SUCCESS)
+        return r;
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof uid);
+#ifdef CP_NCCL_NONBLOCKING
+    const bool nonblocking = true;
+#else
+    const bool nonblocking = false;
+#endif
+    nccl_comm *c = new_comm(nullptr, true, nonblocking);
+    if (!c)
+        return fail(CP_ERROR_OUT_OF_MEMORY, "nccl: out of host memory");
+    c->timeout_ms = INIT_TIMEOUT_MS;
+    const deadline d(INIT_TIMEOUT_MS);
+    ncclComm_t nc = nullptr;
+#ifdef CP_NCCL_NONBLOCKING
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    const char *what = "cp_comm_create_nccl_id (ncclCommInitRankConfig)";
+    ncclResult_t e = ncclCommInitRankConfig(&nc, nranks, uid, rank, &cfg);
+#else
+    const char *what = "cp_comm_create_nccl_id (ncclCommInitRank)";
+    ncclResult_t e = ncclCommInitRank(&nc, nranks, uid, rank);
+#endif
+    if ((e != ncclSuccess && !in_progress(e)) || !nc) {
+        r = e != ncclSuccess ? nccl_fail(c, what, e)
+                             : fail(CP_ERROR_COMM, "nccl: %s returned no communicator", what);
+        delete c; // NCCL frees what a failed init made
+        return r;
+    }
+    c->comm = nc;
+    r = settle(c, e, what, d); // gives up (aborting nc) at the deadline or on an error
+    if (r == CP_SUCCESS && (r = read_shape(c)) == CP_SUCCESS && (c->rank != rank || c->size != nranks))
+        r = fail(CP_ERROR_COMM, "nccl: %s made rank %d of %d ranks, not rank %d of %d", what, c->rank, c->size, rank,
+                 nranks);
+    if (r == CP_SUCCESS)
+        r = host->comm_wrap(&g_nccl, c, c->rank, c->size, out);
+    if (r != CP_SUCCESS) {
+        if (!c->broken)
+            ncclCommAbort(nc); // nothing was queued on it
+        delete c;
+        return r;
+    }
+    return CP_SUCCESS;
+#else
+    (void)p;
+    return no_nccl("cp_comm_create_nccl_id");
 #endif
 }
 
