@@ -6,7 +6,8 @@ set -eu
 # clang's libFuzzer and sanitizer runtimes are in libclang-rt-dev, which
 # clang only recommends (scripts/fuzz.sh links against them).
 pkgs="meson ninja-build gcc g++ pkg-config binutils libcmocka-dev mandoc valgrind
-      libopenmpi-dev openmpi-bin libjansson-dev libopenblas-dev doxygen clang libclang-rt-dev $*"
+      libopenmpi-dev openmpi-bin libjansson-dev libopenblas-dev doxygen clang libclang-rt-dev
+      python3 python3-numpy python3-pytest $*"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -36,7 +36,7 @@ elapsed() { echo "$(($(date +%s) - start)) s"; }
 rm -rf "$out"
 mkdir -p "$out/src"
 : >"$results"
-sh scripts/deps.sh dpkg-dev debhelper fakeroot lintian man-db || {
+sh scripts/deps.sh dpkg-dev debhelper fakeroot lintian man-db dh-python || {
     result FAIL packages-deps "could not install the packaging tools"
     exit 1
 }
@@ -126,6 +126,7 @@ fi
 sed -n 's/^Test-Command: *//p' debian/tests/control >"$out/tests.txt"
 while read -r cmd; do
     t=${cmd##* }
+    t=${t##*/} # a test that is a script of its own is named by its file
     echo "== $cmd"
     AUTOPKGTEST_TMP="" sh -c "$cmd" >"$out/$t.log" 2>&1 </dev/null
     rc=$?

@@ -1,0 +1,259 @@
+# SPDX-License-Identifier: MIT
+"""Arrays the package hands to C: NumPy on the CPU; PyTorch tensors, objects
+with ``__cuda_array_interface__`` (CuPy, Numba) or DLPack on any device.
+
+Private. :func:`view` turns an array into an :class:`ArrayRef` (pointer,
+shape, element type, device), :func:`empty_like` allocates an output of the
+same kind on the same device.
+
+bfloat16: NumPy has no such dtype. A bf16 plan takes and returns
+``numpy.uint16`` arrays that hold the bits of bf16 numbers, or
+``ml_dtypes.bfloat16`` arrays when the inputs are of that type (the outputs
+follow the inputs); PyTorch's ``torch.bfloat16`` works as it is.
+"""
+
+import ctypes
+import sys
+
+import numpy as np
+
+from . import _lib
+
+__all__ = []
+
+_ITEMSIZE = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "uint16": 2,
+    "int64": 8,
+    "int32": 4,
+    "uint8": 1,
+    "int8": 1,
+}
+
+
+class ArrayRef:
+    """What C needs to know about one array (a borrowed view: keep ``obj``)."""
+
+    __slots__ = ("obj", "ptr", "shape", "dtype", "itemsize", "device", "device_index", "kind", "contiguous",
+                 "writeable", "keep")
+
+    def __init__(self, obj, ptr, shape, dtype, device, device_index, kind, contiguous, writeable, keep=None):
+        self.obj = obj
+        self.ptr = int(ptr)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.itemsize = _ITEMSIZE.get(dtype, 0)
+        self.device = device
+        self.device_index = device_index
+        self.kind = kind
+        self.contiguous = contiguous
+        self.writeable = writeable
+        self.keep = keep
+
+    @property
+    def size(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self):
+        return self.size * self.itemsize
+
+    @property
+    def aligned(self):
+        return self.itemsize == 0 or self.ptr % self.itemsize == 0
+
+
+def _numpy_dtype_name(dt):
+    name = dt.name
+    if name == "bfloat16":  # ml_dtypes
+        return "bfloat16"
+    return name
+
+
+def _c_contiguous(shape, strides, itemsize):
+    """Whether byte strides describe a dense C-order array."""
+    if strides is None:
+        return True
+    expect = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1 and s != expect:
+            return False
+        expect *= n
+    return True
+
+
+# -- DLPack ---------------------------------------------------------------
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get_pointer.restype = ctypes.c_void_p
+_capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_CODES = {(2, 64): "float64", (2, 32): "float32", (2, 16): "float16", (4, 16): "bfloat16", (1, 16): "uint16",
+             (0, 64): "int64", (0, 32): "int32", (1, 8): "uint8", (0, 8): "int8"}
+
+
+def _view_dlpack(obj, what):
+    # The capsule is not consumed: while it is referenced (ArrayRef.keep)
+    # the producer keeps the memory, and when it is collected its destructor
+    # calls the deleter, as the DLPack protocol says for unconsumed capsules.
+    capsule = obj.__dlpack__()
+    addr = _capsule_get_pointer(capsule, b"dltensor")
+    if not addr:
+        raise _lib.argument_error("%s: its __dlpack__() did not give a DLPack tensor" % what)
+    t = _DLManagedTensor.from_address(addr).dl_tensor
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    dtype = _DL_CODES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+    if dtype is None:
+        raise _lib.argument_error("%s: DLPack element type (code %d, %d bits, %d lanes) is not supported"
+                                  % (what, t.dtype.code, t.dtype.bits, t.dtype.lanes))
+    itemsize = _ITEMSIZE[dtype]
+    strides = None if not t.strides else tuple(t.strides[i] * itemsize for i in range(t.ndim))
+    dev = t.device.device_type
+    if dev in (_DL_CPU, _DL_CUDA_HOST):
+        device = "cpu"
+    elif dev in (_DL_CUDA, _DL_CUDA_MANAGED):
+        device = "cuda"
+    else:
+        raise _lib.argument_error("%s: DLPack device type %d is neither the CPU nor CUDA" % (what, dev))
+    return ArrayRef(obj, (t.data or 0) + t.byte_offset, shape, dtype, device, t.device.device_id, "dlpack",
+                    _c_contiguous(shape, strides, itemsize), True, keep=capsule)
+
+
+# -- dispatch -------------------------------------------------------------
+
+
+def _is_torch(obj):
+    return type(obj).__module__.split(".")[0] == "torch" and hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous")
+
+
+def _module_root(obj):
+    return type(obj).__module__.split(".")[0]
+
+
+def view(obj, what):
+    """An :class:`ArrayRef` of ``obj``; ``what`` names it in messages."""
+    if isinstance(obj, np.ndarray):
+        ai = obj.__array_interface__
+        return ArrayRef(obj, ai["data"][0], obj.shape, _numpy_dtype_name(obj.dtype), "cpu", 0, "numpy",
+                        bool(obj.flags.c_contiguous), bool(obj.flags.writeable))
+    if _is_torch(obj):
+        dev = obj.device
+        dtype = str(obj.dtype).replace("torch.", "")
+        index = dev.index
+        if dev.type == "cuda" and index is None:
+            index = sys.modules["torch"].cuda.current_device()
+        return ArrayRef(obj, obj.data_ptr(), tuple(obj.shape), dtype, dev.type, index or 0, "torch",
+                        bool(obj.is_contiguous()), True)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        typestr = cai["typestr"]
+        try:
+            dt = np.dtype(typestr)
+            dtype = _numpy_dtype_name(dt)
+        except TypeError:
+            raise _lib.argument_error("%s: element type %r is not supported" % (what, typestr)) from None
+        ptr, readonly = cai["data"]
+        shape = tuple(cai["shape"])
+        dev = getattr(obj, "device", None)
+        index = getattr(dev, "id", None)
+        return ArrayRef(obj, ptr or 0, shape, dtype, "cuda", -1 if index is None else index,
+                        _module_root(obj), _c_contiguous(shape, cai.get("strides"), dt.itemsize), not readonly)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return _view_dlpack(obj, what)
+    if hasattr(obj, "__array_interface__"):
+        return view(np.asarray(obj), what)
+    raise _lib.argument_error("%s: expected an array (NumPy, PyTorch, CuPy, DLPack), got %s"
+                              % (what, type(obj).__name__))
+
+
+def _numpy_dtype(name, like=None):
+    if name == "bfloat16":
+        if like is not None and like.dtype.name == "bfloat16":
+            return like.dtype
+        return np.dtype(np.uint16)
+    return np.dtype(name)
+
+
+def empty_like(ref, shape, dtype=None):
+    """A new uninitialised array of ``shape`` of the same kind and on the
+    same device as ``ref``; ``dtype`` a name ("float32", ...) or None for
+    ``ref``'s own element type."""
+    shape = tuple(int(s) for s in shape)
+    if ref.kind == "torch":
+        torch = sys.modules["torch"]
+        dt = ref.obj.dtype if dtype is None else getattr(torch, dtype)
+        return torch.empty(shape, dtype=dt, device=ref.obj.device)
+    if ref.device == "cpu":
+        if ref.kind == "numpy":
+            dt = ref.obj.dtype if dtype is None else _numpy_dtype(dtype, ref.obj)
+        else:
+            dt = _numpy_dtype(dtype or ref.dtype)
+        return np.empty(shape, dtype=dt)
+    if ref.kind == "cupy":
+        cupy = sys.modules["cupy"]
+        name = dtype or ref.dtype
+        if name == "bfloat16":
+            raise _lib.argument_error("CuPy has no bfloat16: pass PyTorch tensors for a bf16 plan on CUDA")
+        with cupy.cuda.Device(ref.device_index if ref.device_index >= 0 else cupy.cuda.runtime.getDevice()):
+            return cupy.empty(shape, dtype=name)
+    torch = sys.modules.get("torch")
+    if torch is not None:  # any other CUDA array: outputs as PyTorch tensors on its device
+        index = ref.device_index if ref.device_index >= 0 else torch.cuda.current_device()
+        return torch.empty(shape, dtype=getattr(torch, dtype or ref.dtype), device="cuda:%d" % index)
+    raise _lib.argument_error("cannot allocate an output like a %s array on CUDA: pass PyTorch tensors or "
+                              "CuPy arrays" % ref.kind)
+
+
+def float32_to_bf16_bits(x):
+    """bfloat16 bits (``numpy.uint16``) of float values, rounded to nearest
+    even; NaN stays NaN."""
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    u = a.reshape(-1).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(a.reshape(-1))
+    if nan.any():
+        rounded = np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+    return rounded.reshape(np.shape(x))
+
+
+def bf16_bits_to_float32(bits):
+    """float32 values of bfloat16 bits (any uint16 array, or an
+    ``ml_dtypes.bfloat16`` array)."""
+    b = np.asarray(bits)
+    if b.dtype.name == "bfloat16":
+        return b.astype(np.float32)
+    if b.dtype != np.uint16:
+        raise _lib.argument_error("bf16_bits_to_float32: expected uint16 bits, got %s" % b.dtype)
+    return (b.astype(np.uint32).reshape(-1) << 16).view(np.float32).reshape(b.shape)
