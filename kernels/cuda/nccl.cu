@@ -520,10 +520,12 @@ cp_status n_split(void *impl, int color, int key, int timeout_ms, void **out_imp
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     // Where NCCL stores the new communicator. A non-blocking parent (those
-    // the library makes, maybe the caller's) splits in the background: NCCL
-    // stores it there (NULL for no color) when the split is done, maybe after
-    // this call gave up, so the slot lives on the heap and is left to NCCL
-    // while its thread may still be running.
+    // the library makes, maybe the caller's) splits in the background:
+    // ncclCommSplit returns at once, ncclSuccess or ncclInProgress, with the
+    // slot still NULL, and NCCL's thread stores the new communicator there
+    // (NULL for no color) when the split is done, maybe after this call gave
+    // up; so the slot lives on the heap and is left to NCCL while its thread
+    // may still be running.
     ncclComm_t *slot = new (std::nothrow) ncclComm_t(nullptr);
     if (!slot)
         return fail(CP_ERROR_OUT_OF_MEMORY, "nccl: out of host memory");
@@ -532,9 +534,15 @@ cp_status n_split(void *impl, int color, int key, int timeout_ms, void **out_imp
         delete slot; // NCCL clears it on a failed call
         return nccl_fail(c, "split (ncclCommSplit)", e);
     }
-    if (in_progress(e) && !*slot) {
+    if (!*slot) {
         // wait for the parent's background work, which fills the slot
-        if ((r = settle(c, e, "split (ncclCommSplit)", d)) != CP_SUCCESS) {
+        bool parent_busy = false;
+        r = check_async(c, "split (ncclCommSplit)", &parent_busy);
+        if (r == CP_SUCCESS && parent_busy) {
+            r = settle(c, IN_PROGRESS, "split (ncclCommSplit)", d);
+            e = IN_PROGRESS; // then see how the new one's set-up ended
+        }
+        if (r != CP_SUCCESS) {
             if (c->broken && c->owned) { // aborted, which ended NCCL's thread
                 if (*slot)
                     ncclCommAbort(*slot);

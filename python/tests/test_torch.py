@@ -88,7 +88,8 @@ def run_cp_torch(P, device="cpu", dtype=torch.float32, mode="p2p", layout="zigza
             plan.close()
 
     infinicp.run_ranks(P, rank_main)
-    where = infinicp.Pack(P, cu) if layout == "packed" else layout
+    # the same split as the ranks': a pack balances for its mask and window
+    where = infinicp.Pack(P, cu, causal=causal, window=window) if layout == "packed" else layout
     kw = {} if layout == "packed" else dict(cp_size=P)
     got = [icpt.gather([res[i] for res in results], where, **kw) for i in range(4)]
     if sinks:
