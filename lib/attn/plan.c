@@ -102,23 +102,18 @@ static cp_status check_backend(const cp_attn_plan *p)
 {
     static const char *f = "cp_attn_plan_create";
     const cp_attn_desc *d = &p->desc;
-    const cp_backend_ops *o = p->ctx->ops;
-    const size_t have = o->struct_size >= offsetof(cp_backend_ops, kernel_args_size) + sizeof(size_t)
-                            ? o->kernel_args_size
-                            : 0;
-    const bool v11 = have >= offsetof(cp_kernel_attn_args, num_rects) + sizeof(int64_t);
     const char *what = d->layout == CP_LAYOUT_PACKED ? "desc->layout = CP_LAYOUT_PACKED"
                        : d->window                   ? "desc->window"
                        : d->softcap != 0             ? "desc->softcap"
                                                      : NULL;
-    if (what && !v11)
+    /* every block of such a plan is a rectangle list, with the window and softcap */
+    if (what && cpi_kernel_v11_supported(p->ctx, f, d->window, d->softcap, true) != CP_SUCCESS)
         return cpi_error(CP_ERROR_UNSUPPORTED,
                          "%s: %s needs kernels with windows, softcaps and rectangles, which the %s backend "
                          "does not have yet",
                          f, what, p->ctx->device == CP_DEVICE_CPU ? "CPU" : "CUDA");
     if (d->sinks && p->ctx->device != CP_DEVICE_CPU)
-        return cpi_error(CP_ERROR_UNSUPPORTED, "%s: desc->sinks = 1 is not supported by the %s backend yet", f,
-                         p->ctx->device == CP_DEVICE_CPU ? "CPU" : "CUDA");
+        return cpi_error(CP_ERROR_UNSUPPORTED, "%s: desc->sinks = 1 is not supported by the CUDA backend yet", f);
     return CP_SUCCESS;
 }
 
