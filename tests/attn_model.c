@@ -42,11 +42,6 @@ static size_t lse_at(const model_shape *s, int64_t b, int h, int64_t i)
     return ((size_t)b * (size_t)s->heads + (size_t)h) * (size_t)s->seq_q + (size_t)i;
 }
 
-static int visible(const model_shape *s, int64_t i, int64_t j)
-{
-    return !s->causal || s->k_offset + j <= s->q_offset + i;
-}
-
 static double dot(const double *a, const double *b, int n)
 {
     double d = 0;
@@ -58,53 +53,8 @@ static double dot(const double *a, const double *b, int n)
 void model_forward(const model_shape *s, const double *q, const double *k, const double *v, double *o,
                    double *lse)
 {
-    const int G = s->heads / s->kv_heads;
-    double *sc = malloc((size_t)(s->seq_k > 0 ? s->seq_k : 1) * sizeof *sc);
-    if (!sc)
-        abort();
-    for (int64_t b = 0; b < s->batch; b++)
-        for (int h = 0; h < s->heads; h++)
-            for (int64_t i = 0; i < s->seq_q; i++) {
-                const double *qi = q + row(s->seq_q, s->heads, s->head_dim, b, i, h);
-                double *oi = o + row(s->seq_q, s->heads, s->head_dim_v, b, i, h);
-                double mx = -INFINITY;
-                int any = 0, nan = 0;
-                for (int64_t j = 0; j < s->seq_k; j++) {
-                    if (!visible(s, i, j))
-                        continue;
-                    sc[j] = s->scale * dot(qi, k + row(s->seq_k, s->kv_heads, s->head_dim, b, j, h / G), s->head_dim);
-                    nan |= isnan(sc[j]);
-                    mx = sc[j] > mx ? sc[j] : mx;
-                    any = 1;
-                }
-                for (int e = 0; e < s->head_dim_v; e++)
-                    oi[e] = 0;
-                /* no key, or only scores of -inf: every weight is exactly 0,
-                 * which the library treats as seeing no key (the same at any
-                 * CP size, however the keys are cut) */
-                if (!any || (!nan && mx == -INFINITY)) {
-                    if (lse)
-                        lse[lse_at(s, b, h, i)] = -INFINITY;
-                    continue;
-                }
-                if (nan)
-                    mx = NAN;
-                double l = 0;
-                for (int64_t j = 0; j < s->seq_k; j++) {
-                    if (!visible(s, i, j))
-                        continue;
-                    const double p = exp(sc[j] - mx);
-                    const double *vj = v + row(s->seq_k, s->kv_heads, s->head_dim_v, b, j, h / G);
-                    l += p;
-                    for (int e = 0; e < s->head_dim_v; e++)
-                        oi[e] += p * vj[e];
-                }
-                for (int e = 0; e < s->head_dim_v; e++)
-                    oi[e] /= l;
-                if (lse)
-                    lse[lse_at(s, b, h, i)] = mx + log(l);
-            }
-    free(sc);
+    const model_ext none = { 0 };
+    model_forward_ex(s, &none, q, k, v, o, lse);
 }
 
 /* Every visible pair adds its terms, also one of weight 0: 0 times a
@@ -112,33 +62,8 @@ void model_forward(const model_shape *s, const double *q, const double *k, const
 void model_backward(const model_shape *s, const double *q, const double *k, const double *v, const double *o,
                     const double *lse, const double *dout, double *dq, double *dk, double *dv)
 {
-    const int G = s->heads / s->kv_heads;
-    memset(dq, 0, model_q_elems(s) * sizeof *dq);
-    memset(dk, 0, model_k_elems(s) * sizeof *dk);
-    memset(dv, 0, model_v_elems(s) * sizeof *dv);
-    for (int64_t b = 0; b < s->batch; b++)
-        for (int h = 0; h < s->heads; h++)
-            for (int64_t i = 0; i < s->seq_q; i++) {
-                const double *qi = q + row(s->seq_q, s->heads, s->head_dim, b, i, h);
-                const double *doi = dout + row(s->seq_q, s->heads, s->head_dim_v, b, i, h);
-                const double Di = dot(doi, o + row(s->seq_q, s->heads, s->head_dim_v, b, i, h), s->head_dim_v);
-                const double l = lse[lse_at(s, b, h, i)];
-                double *dqi = dq + row(s->seq_q, s->heads, s->head_dim, b, i, h);
-                for (int64_t j = 0; j < s->seq_k; j++) {
-                    if (!visible(s, i, j))
-                        continue;
-                    const size_t kj = row(s->seq_k, s->kv_heads, s->head_dim, b, j, h / G);
-                    const size_t vj = row(s->seq_k, s->kv_heads, s->head_dim_v, b, j, h / G);
-                    const double p = l == -INFINITY ? 0.0 : exp(s->scale * dot(qi, k + kj, s->head_dim) - l);
-                    const double ds = p * (dot(doi, v + vj, s->head_dim_v) - Di);
-                    for (int e = 0; e < s->head_dim_v; e++)
-                        dv[vj + e] += p * doi[e];
-                    for (int e = 0; e < s->head_dim; e++) {
-                        dk[kj + e] += s->scale * ds * qi[e];
-                        dqi[e] += s->scale * ds * k[kj + e];
-                    }
-                }
-            }
+    const model_ext none = { 0 };
+    model_backward_ex(s, &none, q, k, v, o, lse, dout, dq, dk, dv, NULL);
 }
 
 double model_loss(const model_shape *s, const double *q, const double *k, const double *v, const double *dout)
