@@ -35,6 +35,7 @@ int g_ncomms;
 fakenccl_stats g_stats;
 bool g_stuck, g_split_hangs;
 int g_error_after;
+int g_count = 1; // what ncclCommCount reports (the rank is always 0)
 char g_misuse[256];
 
 // group state: the send of a grouped send/recv pair, and the communicators used
@@ -145,6 +146,7 @@ FAKE_API void fakenccl_reset(void)
 {
     g_stuck = g_split_hangs = false;
     g_error_after = 0;
+    g_count = 1;
     memset(&g_stats, 0, sizeof g_stats);
     g_misuse[0] = 0;
 }
@@ -152,6 +154,7 @@ FAKE_API void fakenccl_reset(void)
 FAKE_API void fakenccl_set_stuck(int on) { g_stuck = on != 0; }
 FAKE_API void fakenccl_set_error_after(int polls) { g_error_after = polls; }
 FAKE_API void fakenccl_set_split_hangs(int on) { g_split_hangs = on != 0; }
+FAKE_API void fakenccl_set_count(int n) { g_count = n > 0 ? n : 1; }
 FAKE_API fakenccl_stats fakenccl_get(void) { return g_stats; }
 FAKE_API const char *fakenccl_last_misuse(void) { return g_misuse; }
 FAKE_API int fakenccl_was_aborted(ncclComm_t c) { return c && c->aborted; }
@@ -198,7 +201,7 @@ FAKE_API ncclResult_t ncclCommCount(const ncclComm_t c, int *count)
 {
     if (!usable(c, "ncclCommCount"))
         return ncclInvalidUsage;
-    *count = 1;
+    *count = g_count;
     return ncclSuccess;
 }
 

@@ -38,6 +38,10 @@ void fakenccl_set_stuck(int on);
 void fakenccl_set_error_after(int polls);
 /* Non-blocking splits never finish (the other members never join). */
 void fakenccl_set_split_hangs(int on);
+/* ncclCommCount reports @p n ranks (this process stays rank 0, collectives
+ * still copy locally): a communicator of one GPU that the library must treat
+ * as a group of several, so that cp_group_create's agreement runs. */
+void fakenccl_set_count(int n);
 fakenccl_stats fakenccl_get(void);
 /* Text of the last misuse ("" if none). */
 const char *fakenccl_last_misuse(void);

@@ -119,6 +119,7 @@ static void test_user_comm_stuck(void **unused)
     (void)unused;
     fakenccl_reset();
     ncclComm_t nc;
+    fakenccl_set_count(2); /* one rank would need no agreement */
     cp_comm *comm = user_comm(&nc);
     fakenccl_set_stuck(1);
     cp_group_config cfg = CP_GROUP_CONFIG_INIT;
@@ -223,6 +224,7 @@ static void test_async_error_user(void **unused)
     (void)unused;
     fakenccl_reset();
     ncclComm_t nc;
+    fakenccl_set_count(2); /* one rank would need no agreement */
     cp_comm *comm = user_comm(&nc);
     fakenccl_set_stuck(1);
     fakenccl_set_error_after(2);
