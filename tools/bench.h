@@ -29,6 +29,9 @@ typedef struct bench_opts {
     int only_mode, only_layout; /* --mode / --layout: run just these (-1 = all; layout 2 = packed) */
     int memory;                 /* --memory: peak device memory per rank (CUDA, local transport) */
     int default_stream;         /* --stream default: every rank on the device's legacy default stream */
+    const char *docs;           /* --docs: the packed table's document mix (pack_bench.c's names; NULL = the demo's) */
+    int balance;                /* --balance: its cp_balance (-1 = GREEDY) */
+    int64_t window;             /* --window: a sliding window for its first attention (0 = none) */
 } bench_opts;
 
 /* Demo: every CP mode and layout on in-process ranks, checked against one rank. */

@@ -28,6 +28,7 @@
 #include <infinicp/infinicp.h>
 
 #include "bench.h"
+#include "pack_bench.h"
 #include "devmem.h"
 #include "launch.h"
 
@@ -599,13 +600,45 @@ static int packed_table(const bench_opts *c, const launch *l, const demo_data *i
     static const char *mode_names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
     bench_opts cb = *c;
     cb.batch = 1; /* a packed row is one sample */
-    int64_t cu[9];
-    const int nd = demo_docs(cb.seq, cu);
+    int64_t cu9[9], *cu = cu9;
+    int nd;
+    if (c->docs) {
+        const int e = pack_bench_docs(c->docs, cb.seq, &cu, &nd);
+        if (e) {
+            fprintf(stderr, "infinicp-bench: --docs %s: %s\n", c->docs, e == -1 ? "no such mix" : "out of memory");
+            return 1;
+        }
+    } else {
+        nd = demo_docs(cb.seq, cu9);
+    }
+    if (c->balance == CP_BALANCE_DOC_ZIGZAG) {
+        /* every length a multiple of 2P (the padding that split needs):
+         * each end moved to the nearest multiple, none crossing the next */
+        const int64_t m = 2 * (int64_t)cb.cp;
+        int k = 0;
+        for (int i = 1; i <= nd; i++) {
+            int64_t e = i == nd ? cb.seq / m * m : (cu[i] + m / 2) / m * m;
+            if (e > cu[k] && (i == nd || e < cb.seq / m * m))
+                cu[++k] = e;
+        }
+        if (cu[k] != cb.seq / m * m || cb.seq % m) {
+            fprintf(stderr, "infinicp-bench: --balance doc_zigzag needs --seq a multiple of 2 * --cp\n");
+            if (cu != cu9)
+                free(cu);
+            return 1;
+        }
+        nd = k;
+    }
     const int64_t W = cb.seq / 8 > 0 ? cb.seq / 8 : 1;
-    const pack_spec packs[2] = { { cu, nd, CP_BALANCE_GREEDY, 0, 0 }, { cu, nd, CP_BALANCE_GREEDY, W, 1 } };
-    char wname[48];
+    const cp_balance bal = c->balance >= 0 ? (cp_balance)c->balance : CP_BALANCE_GREEDY;
+    const pack_spec packs[2] = { { cu, nd, bal, c->window, 0 }, { cu, nd, bal, W, 1 } };
+    char wname[48], dname[48];
     snprintf(wname, sizeof wname, "docs W=%lld sinks", (long long)W);
-    const char *att_names[2] = { "documents", wname };
+    if (c->window)
+        snprintf(dname, sizeof dname, "docs W=%lld", (long long)c->window);
+    else
+        snprintf(dname, sizeof dname, "documents");
+    const char *att_names[2] = { dname, wname };
     const size_t nq = (size_t)cb.seq * (size_t)cb.heads * (size_t)cb.dim;
     const size_t nk = (size_t)cb.seq * (size_t)cb.kv_heads * (size_t)cb.dim;
     demo_data ref = { 0 }, got = { 0 };
@@ -616,9 +649,11 @@ static int packed_table(const bench_opts *c, const launch *l, const demo_data *i
     if (lead) {
         printf("\npacked documents (CP_LAYOUT_PACKED): one row of %lld tokens, %d documents of", (long long)cb.seq,
                nd);
-        for (int i = 0; i < nd; i++)
+        for (int i = 0; i < nd && i < 12; i++)
             printf(" %lld", (long long)(cu[i + 1] - cu[i]));
-        printf(" tokens, CP_BALANCE_GREEDY split\n");
+        static const char *const bal_names[] = { "AUTO", "DOC_ZIGZAG", "GREEDY", "CONTIGUOUS" };
+        printf("%s tokens%s%s, CP_BALANCE_%s split\n", nd > 12 ? " ..." : "", c->docs ? ", mix " : "",
+               c->docs ? c->docs : "", (unsigned)bal < 4 ? bal_names[bal] : "?");
         printf("%-10s %-16s %4s %7s %9s  %9s %9s %9s %9s %9s  %9s %9s %9s %7s %7s  %10s", "mode", "attention", "cp",
                "a2a*p2p", "work x", "err out", "err dq", "err dk", "err dv", "err sinks", "fwd ms", "bwd ms",
                "step ms", "vs cp1", "f+b/cp1", "ws/rank");
@@ -712,6 +747,8 @@ static int packed_table(const bench_opts *c, const launch *l, const demo_data *i
     free(rr);
     free_results(&got);
     free_results(&ref);
+    if (cu != cu9)
+        free(cu);
     return bad;
 }
 

@@ -52,6 +52,10 @@ static void usage(FILE *f)
             "                    ncclCommInitAll; --cp GPUs), nccl-file (one process per GPU)\n"
             "  --rank R --size N this process's rank and the number of processes (nccl-file;\n"
             "                    default from RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*)\n"
+            "  --docs MIX        the packed table's documents: a mix of --pack (lognormal-2k,\n"
+            "                    lognormal-512, uniform, one-long, web+books; default a fixed row)\n"
+            "  --balance B       its split: greedy (default), doc_zigzag, contiguous or auto\n"
+            "  --window W        a sliding window on its first attention (default none)\n"
             "  --nccl-id-file F  file on shared storage through which rank 0 hands out the\n"
             "                    ncclUniqueId (nccl-file); it must not exist at the start\n");
 }
@@ -108,7 +112,8 @@ static long long env_int(const char *const *names)
 
 int main(int argc, char **argv)
 {
-    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4, 0, 3, 0, BENCH_LOCAL, -1, -1, NULL, -1, -1, 0, 0 };
+    bench_opts o = { 1, 2048, 8, 4, 64, CP_DTYPE_F32, CP_MASK_CAUSAL, 4, 0, 3, 0, BENCH_LOCAL, -1, -1, NULL, -1, -1, 0, 0,
+                     NULL, -1, 0 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         long long v;
@@ -192,6 +197,29 @@ int main(int argc, char **argv)
                 o.rank = (int)v;
             else
                 o.size = (int)v;
+            i++;
+        } else if (!strcmp(a, "--docs")) {
+            if (!val) {
+                fprintf(stderr, "infinicp-bench: --docs takes a mix name (see --pack --help)\n");
+                return 2;
+            }
+            o.docs = val;
+            i++;
+        } else if (!strcmp(a, "--balance")) {
+            static const char *const names[] = { "auto", "doc_zigzag", "greedy", "contiguous" }; /* cp_balance order */
+            o.balance = -1;
+            for (int k = 0; val && k < 4; k++)
+                if (!strcmp(val, names[k]))
+                    o.balance = k;
+            if (o.balance < 0) {
+                fprintf(stderr, "infinicp-bench: --balance takes auto, contiguous, doc_zigzag or greedy\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--window")) {
+            if (parse_int(a, val, 0, 1ll << 40, &v))
+                return 2;
+            o.window = v;
             i++;
         } else if (!strcmp(a, "--dtype")) {
             if (!val || (strcmp(val, "f32") && strcmp(val, "f16") && strcmp(val, "bf16"))) {

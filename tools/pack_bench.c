@@ -145,6 +145,25 @@ static int make_mix(mix_kind k, int64_t T, docs *d)
     return 0;
 }
 
+int pack_bench_docs(const char *name, int64_t T, int64_t **cu, int *n)
+{
+    for (int k = 0; k < NMIX; k++) {
+        if (strcmp(name, mixes[k].name))
+            continue;
+        docs d;
+        if (make_mix((mix_kind)k, T, &d)) {
+            free(d.len);
+            free(d.cu);
+            return -2;
+        }
+        free(d.len);
+        *cu = d.cu;
+        *n = d.n;
+        return 0;
+    }
+    return -1;
+}
+
 /* Every length rounded up to a multiple of m; returns the tokens added. */
 static int64_t pad_docs(const docs *in, int64_t m, docs *out)
 {
