@@ -31,8 +31,15 @@ Arrays: NumPy arrays on the CPU (float32, float16; for bfloat16 ``uint16``
 arrays holding bf16 bits, or ``ml_dtypes.bfloat16`` arrays when that
 module is used: outputs follow the inputs; see :func:`float32_to_bf16_bits`
 and :func:`bf16_bits_to_float32`); on CUDA, PyTorch tensors, CuPy arrays
-and other objects with ``__cuda_array_interface__`` or DLPack. Outputs are
-allocated like the inputs (a PyTorch input gives PyTorch outputs).
+(bfloat16 as ``uint16`` bits, as CuPy has no bfloat16) and other objects
+with ``__cuda_array_interface__`` or DLPack. Outputs are allocated like the
+inputs, on their device: a NumPy input gives NumPy outputs, a PyTorch one
+PyTorch outputs, a CuPy one CuPy outputs; any other CUDA array gives CuPy
+arrays when CuPy can be imported, else PyTorch tensors. An array on
+another device than the context's raises :class:`ArgumentError` naming
+it. CUDA work is ordered on the context's stream (``Context(stream=)``):
+DLPack producers are handed that stream; arrays made on other streams must
+be ready (synchronised) before the call.
 
 Objects own C handles: ``close()`` them (or use ``with``) to release them
 at a known point; the garbage collector releases them otherwise. Closing an

@@ -4,15 +4,26 @@ with ``__cuda_array_interface__`` (CuPy, Numba) or DLPack on any device.
 
 Private. :func:`view` turns an array into an :class:`ArrayRef` (pointer,
 shape, element type, device), :func:`empty_like` allocates an output of the
-same kind on the same device.
+same kind on the same device: NumPy for NumPy, PyTorch for PyTorch, CuPy
+for CuPy. A CUDA array of any other kind (an object with only
+``__cuda_array_interface__`` or only DLPack) gets CuPy outputs when CuPy
+can be imported, else PyTorch ones (bfloat16 elements: PyTorch first, as
+CuPy has no bfloat16), on the input's device.
 
-bfloat16: NumPy has no such dtype. A bf16 plan takes and returns
-``numpy.uint16`` arrays that hold the bits of bf16 numbers, or
+bfloat16: NumPy and CuPy have no such dtype. A bf16 plan takes and returns
+``uint16`` arrays (NumPy or CuPy) that hold the bits of bf16 numbers, or
 ``ml_dtypes.bfloat16`` arrays when the inputs are of that type (the outputs
 follow the inputs); PyTorch's ``torch.bfloat16`` works as it is.
+
+Streams: the library orders its work on the context's stream. A DLPack
+producer is asked for its capsule with that stream (``__dlpack__(stream=)``),
+so it orders its own pending work before it; the stream a
+``__cuda_array_interface__`` names is not waited for: make such arrays on
+the context's stream, or synchronise before the call.
 """
 
 import ctypes
+import importlib
 import sys
 
 import numpy as np
@@ -124,11 +135,28 @@ _DL_CODES = {(2, 64): "float64", (2, 32): "float32", (2, 16): "float16", (4, 16)
              (0, 64): "int64", (0, 32): "int32", (1, 8): "uint8", (0, 8): "int8"}
 
 
-def _view_dlpack(obj, what):
+def _dlpack_capsule(obj, stream):
+    """``obj.__dlpack__()``, on a CUDA stream when one is given and the
+    array is on a CUDA device (the producer then orders its pending work
+    before that stream); producers that take no stream are asked without."""
+    if stream:
+        try:
+            dev = obj.__dlpack_device__()[0]
+        except Exception:  # noqa: BLE001 - any failure: ask without a stream
+            dev = None
+        if dev in (_DL_CUDA, _DL_CUDA_MANAGED):
+            try:
+                return obj.__dlpack__(stream=int(stream))
+            except TypeError:
+                pass
+    return obj.__dlpack__()
+
+
+def _view_dlpack(obj, what, stream=None):
     # The capsule is not consumed: while it is referenced (ArrayRef.keep)
     # the producer keeps the memory, and when it is collected its destructor
     # calls the deleter, as the DLPack protocol says for unconsumed capsules.
-    capsule = obj.__dlpack__()
+    capsule = _dlpack_capsule(obj, stream)
     addr = _capsule_get_pointer(capsule, b"dltensor")
     if not addr:
         raise _lib.argument_error("%s: its __dlpack__() did not give a DLPack tensor" % what)
@@ -162,8 +190,10 @@ def _module_root(obj):
     return type(obj).__module__.split(".")[0]
 
 
-def view(obj, what):
-    """An :class:`ArrayRef` of ``obj``; ``what`` names it in messages."""
+def view(obj, what, stream=None):
+    """An :class:`ArrayRef` of ``obj``; ``what`` names it in messages.
+    ``stream``: the CUDA stream (an int) the array will be used on, handed
+    to DLPack producers; None = the default stream."""
     if isinstance(obj, np.ndarray):
         ai = obj.__array_interface__
         return ArrayRef(obj, ai["data"][0], obj.shape, _numpy_dtype_name(obj.dtype), "cpu", 0, "numpy",
@@ -191,7 +221,7 @@ def view(obj, what):
         return ArrayRef(obj, ptr or 0, shape, dtype, "cuda", -1 if index is None else index,
                         _module_root(obj), _c_contiguous(shape, cai.get("strides"), dt.itemsize), not readonly)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        return _view_dlpack(obj, what)
+        return _view_dlpack(obj, what, stream)
     if hasattr(obj, "__array_interface__"):
         return view(np.asarray(obj), what)
     raise _lib.argument_error("%s: expected an array (NumPy, PyTorch, CuPy, DLPack), got %s"
@@ -206,10 +236,40 @@ def _numpy_dtype(name, like=None):
     return np.dtype(name)
 
 
+def _module(name):
+    """A module by name, imported if need be; None if it cannot be."""
+    mod = sys.modules.get(name)
+    if mod is None:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - missing, or broken (no CUDA libraries)
+            return None
+    return mod
+
+
+def _cupy_empty(cupy, ref, shape, name):
+    index = ref.device_index
+    if index < 0:  # an array that does not say its device: ask CUDA where its memory is
+        index = -1
+        if ref.ptr:
+            try:
+                index = int(cupy.cuda.runtime.pointerGetAttributes(ref.ptr).device)
+            except Exception:  # noqa: BLE001 - not device memory CUDA knows
+                index = -1
+        if index < 0:
+            index = cupy.cuda.runtime.getDevice()
+    with cupy.cuda.Device(index):
+        return cupy.empty(shape, dtype="uint16" if name == "bfloat16" else name)
+
+
 def empty_like(ref, shape, dtype=None):
     """A new uninitialised array of ``shape`` of the same kind and on the
     same device as ``ref``; ``dtype`` a name ("float32", ...) or None for
-    ``ref``'s own element type."""
+    ``ref``'s own element type.
+
+    CUDA arrays other than PyTorch's and CuPy's get a CuPy array when CuPy
+    can be imported, else a PyTorch tensor (for bfloat16, PyTorch first;
+    CuPy's is a ``uint16`` array of bf16 bits)."""
     shape = tuple(int(s) for s in shape)
     if ref.kind == "torch":
         torch = sys.modules["torch"]
@@ -221,19 +281,20 @@ def empty_like(ref, shape, dtype=None):
         else:
             dt = _numpy_dtype(dtype or ref.dtype)
         return np.empty(shape, dtype=dt)
+    name = dtype or ref.dtype
     if ref.kind == "cupy":
-        cupy = sys.modules["cupy"]
-        name = dtype or ref.dtype
-        if name == "bfloat16":
-            raise _lib.argument_error("CuPy has no bfloat16: pass PyTorch tensors for a bf16 plan on CUDA")
-        with cupy.cuda.Device(ref.device_index if ref.device_index >= 0 else cupy.cuda.runtime.getDevice()):
-            return cupy.empty(shape, dtype=name)
-    torch = sys.modules.get("torch")
-    if torch is not None:  # any other CUDA array: outputs as PyTorch tensors on its device
-        index = ref.device_index if ref.device_index >= 0 else torch.cuda.current_device()
-        return torch.empty(shape, dtype=getattr(torch, dtype or ref.dtype), device="cuda:%d" % index)
-    raise _lib.argument_error("cannot allocate an output like a %s array on CUDA: pass PyTorch tensors or "
-                              "CuPy arrays" % ref.kind)
+        return _cupy_empty(sys.modules["cupy"], ref, shape, name)
+    # any other CUDA array: a CuPy array or a PyTorch tensor on its device
+    for lib in (("torch", "cupy") if name == "bfloat16" else ("cupy", "torch")):
+        mod = _module(lib)
+        if mod is None:
+            continue
+        if lib == "cupy":
+            return _cupy_empty(mod, ref, shape, name)
+        index = ref.device_index if ref.device_index >= 0 else mod.cuda.current_device()
+        return mod.empty(shape, dtype=getattr(mod, name), device="cuda:%d" % index)
+    raise _lib.argument_error("cannot allocate an output like a %s array on CUDA: install CuPy or PyTorch, "
+                              "or pass CuPy arrays or PyTorch tensors" % ref.kind)
 
 
 def float32_to_bf16_bits(x):

@@ -891,8 +891,8 @@ class AttnPlan(_Handle):
     Args:
         group: the CP :class:`Group` (kept alive by the plan).
         dtype: storage type of q, k, v, out and gradients: ``"float32"``,
-            ``"float16"`` or ``"bfloat16"`` (NumPy: ``uint16`` arrays of
-            bf16 bits or ``ml_dtypes.bfloat16``).
+            ``"float16"`` or ``"bfloat16"`` (NumPy and CuPy: ``uint16``
+            arrays of bf16 bits; NumPy also ``ml_dtypes.bfloat16``).
         batch: sequences per batch (1 for ``layout="packed"``).
         seq_len: the GLOBAL sequence length (all ranks together).
         num_heads, num_kv_heads: query and key/value heads (GQA when
@@ -910,7 +910,11 @@ class AttnPlan(_Handle):
 
     Every rank of the group makes the same plan. Arrays hold this rank's
     ``seq_len / group.size`` tokens in the layout's order, dense, in the
-    plan's dtype, on the context's device.
+    plan's dtype, on the context's device: NumPy arrays on a CPU context;
+    on a CUDA context PyTorch tensors, CuPy arrays, or any object with
+    ``__cuda_array_interface__`` or DLPack (kinds may be mixed). An array
+    on another device raises :class:`ArgumentError` naming it. Outputs are
+    allocated like ``q`` on its device (see :meth:`forward`).
     """
 
     _kind = "plan"
@@ -991,14 +995,14 @@ class AttnPlan(_Handle):
 
     # -- checks ----------------------------------------------------------
 
-    def _tensor(self, obj, name, shape, dtype, func, first, problems):
+    def _tensor(self, obj, name, shape, dtype, func, problems):
         """Check one array; record the first problem; return its ArrayRef."""
+        ctx = self.group.context
         try:
-            ref = _arrays.view(obj, "%s: %s" % (func, name))
+            ref = _arrays.view(obj, "%s: %s" % (func, name), stream=ctx.stream if ctx.device == "cuda" else None)
         except Error as e:
             problems.append(e.message)
             return None
-        ctx = self.group.context
         if not _dtype_ok(dtype, ref.dtype):
             problems.append("%s: %s has dtype %s, the plan needs %s%s" % (
                 func, name, ref.dtype, dtype, " (or uint16 bf16 bits)" if dtype == "bfloat16" else ""))
@@ -1006,14 +1010,13 @@ class AttnPlan(_Handle):
             problems.append("%s: %s has shape %s, the plan needs %s (%s)" % (
                 func, name, ref.shape, tuple(shape), self._shape_doc(name)))
         elif ref.device != ctx.device or (ref.device == "cuda" and ref.device_index not in (-1, ctx.device_index)):
-            problems.append("%s: %s is on %s:%d, the plan's context on %s:%d" % (
-                func, name, ref.device, ref.device_index, ctx.device, ctx.device_index))
+            where = ref.device if ref.device_index < 0 else "%s:%d" % (ref.device, ref.device_index)
+            problems.append("%s: %s is on %s, the plan's context on %s:%d" % (
+                func, name, where, ctx.device, ctx.device_index))
         elif not ref.contiguous:
             problems.append("%s: %s is not C-contiguous" % (func, name))
         elif not ref.aligned:
             problems.append("%s: %s is not aligned to its elements" % (func, name))
-        elif first is not None and ref.kind != first.kind and ref.device != "cpu":
-            problems.append("%s: %s is a %s array, q a %s one" % (func, name, ref.kind, first.kind))
         return ref
 
     def _shape_doc(self, name):
@@ -1038,7 +1041,7 @@ class AttnPlan(_Handle):
             else:
                 problems.append("%s: pack must be an open Pack, got %r" % (func, pack))
         if sinks is not None:
-            sref = self._tensor(sinks, "sinks", (self.desc.num_heads,), "float32", func, None, problems)
+            sref = self._tensor(sinks, "sinks", (self.desc.num_heads,), "float32", func, problems)
             if sref is not None and not problems:
                 args.sinks = sref.ptr
                 if backward and self.desc.sinks:
@@ -1051,7 +1054,11 @@ class AttnPlan(_Handle):
     def forward(self, q, k, v, pack=None, sinks=None):
         """CP attention forward (collective over the group): returns
         ``(out, lse)`` for this rank's queries, allocated like ``q`` (out in
-        the plan's dtype, lse float32 [batch, num_heads, tokens]).
+        the plan's dtype, lse float32 [batch, num_heads, tokens]): NumPy
+        for NumPy, PyTorch for PyTorch, CuPy for CuPy; for a CUDA ``q`` of
+        another kind (only ``__cuda_array_interface__`` or DLPack), CuPy
+        arrays when CuPy can be imported, else PyTorch tensors (bfloat16:
+        PyTorch first, else CuPy ``uint16`` bits), on q's device.
 
         ``pack``: the :class:`Pack` of a packed plan (the same on every
         rank). ``sinks``: a plan with sinks takes the num_heads float32 sink
@@ -1064,9 +1071,9 @@ class AttnPlan(_Handle):
         lib = _lib.get()
         problems = []
         d = self.desc
-        qr = self._tensor(q, "q", self.q_shape, d.dtype, func, None, problems)
-        kr = self._tensor(k, "k", self.k_shape, d.dtype, func, qr, problems)
-        vr = self._tensor(v, "v", self.v_shape, d.dtype, func, qr, problems)
+        qr = self._tensor(q, "q", self.q_shape, d.dtype, func, problems)
+        kr = self._tensor(k, "k", self.k_shape, d.dtype, func, problems)
+        vr = self._tensor(v, "v", self.v_shape, d.dtype, func, problems)
         args, _, _ = self._extra(pack, sinks, func, problems, False)
         if problems:
             lib.cp_attn_forward_ex(h, None, None, None, None, None, None)  # take part, then fail
@@ -1091,12 +1098,12 @@ class AttnPlan(_Handle):
         lib = _lib.get()
         problems = []
         d = self.desc
-        qr = self._tensor(q, "q", self.q_shape, d.dtype, func, None, problems)
-        kr = self._tensor(k, "k", self.k_shape, d.dtype, func, qr, problems)
-        vr = self._tensor(v, "v", self.v_shape, d.dtype, func, qr, problems)
-        orf = self._tensor(out, "out", self.out_shape, d.dtype, func, qr, problems)
-        lr = self._tensor(lse, "lse", self.lse_shape, "float32", func, qr, problems)
-        dr = self._tensor(dout, "dout", self.out_shape, d.dtype, func, qr, problems)
+        qr = self._tensor(q, "q", self.q_shape, d.dtype, func, problems)
+        kr = self._tensor(k, "k", self.k_shape, d.dtype, func, problems)
+        vr = self._tensor(v, "v", self.v_shape, d.dtype, func, problems)
+        orf = self._tensor(out, "out", self.out_shape, d.dtype, func, problems)
+        lr = self._tensor(lse, "lse", self.lse_shape, "float32", func, problems)
+        dr = self._tensor(dout, "dout", self.out_shape, d.dtype, func, problems)
         args, _, dsinks = self._extra(pack, sinks, func, problems, True)
         if problems:
             lib.cp_attn_backward_ex(h, None, None, None, None, None, None, None, None, None, None)
