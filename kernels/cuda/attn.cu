@@ -14,6 +14,10 @@
 //    in shared memory;
 //  - cublas (attn_blas.cu): GEMM + softmax + GEMM over chunks of query rows,
 //    bounded memory; the fallback, and an independent reference for tests.
+// API 1.1 calls (a rectangle list, a window or a softcap) take the rectangle
+// kernels instead: attn_mma_rect.cu on tensor cores for F16 / BF16 and the
+// SIMT kernels (which walk rectangles too) for F32 and the rest; attn_rect.cu
+// builds the list and its tile indexes. The cuBLAS path takes none.
 // INFINICP_CUDA_ATTN=mma|simt|cublas forces a path where it applies (mma:
 // mma.sync also on Hopper), =wgmma the Hopper kernels where they fit; the
 // other variables that pick a kernel variant are listed in knobs.cuh.
@@ -70,6 +74,18 @@ cp_status make_params(const cp_kernel_attn_args *a, int backward, const char *fu
     p->accumulate = a->accumulate;
     p->lse_lo = a->accumulate ? a->lse_lo : nullptr;
     p->grad_accumulate = a->grad_accumulate;
+    // API 1.1 (the core has checked the fields; see rect_upload)
+    p->window = a->window;
+    p->host_rects = a->rects;
+    p->num_host_rects = a->rects ? a->num_rects : 0;
+    p->q_pos = a->q_offset;
+    p->k_pos = a->k_offset;
+    if (a->softcap != 0) {
+        p->softcap = 1;
+        p->cap_in = (float)(scale / a->softcap);
+        p->cap_out = (float)(a->softcap * 1.4426950408889634);
+    }
+    p->rects = a->rects || a->window || a->softcap != 0;
 
     const int64_t B = p->B;
     auto view = [&](const void *ptr, int64_t sb, int64_t ss, int64_t sh, int64_t S, int64_t H, int64_t D) {
@@ -143,8 +159,19 @@ bool use_wgmma_bwd(const state *s, const attn_params &p)
            wgmma_bwd_fits(s, p);
 }
 
+// Whether the SIMT kernels walk rectangle lists (else API 1.1 calls they
+// would take are refused as unsupported).
+constexpr bool SIMT_RECTS = true;
+
 attn_path choose(const state *s, const attn_params &p, int backward)
 {
+    if (p.rects) {
+        // API 1.1: the rectangle kernels (mma.sync for 16-bit types, SIMT
+        // for F32 and what the tensor-core tiles do not take)
+        if (s->knob.path != PATH_SIMT && mma_rect_fits(s, p, backward))
+            return PATH_MMA;
+        return SIMT_RECTS && simt_fits(s, p, backward) ? PATH_SIMT : PATH_AUTO;
+    }
     const bool mma = mma_fits(s, p, backward), simt = simt_fits(s, p, backward), blas = blas_fits(p, backward);
     if (s->knob.path == PATH_BLAS && blas)
         return PATH_BLAS;
@@ -175,13 +202,18 @@ cp_status workspace_for(const state *s, const attn_params &p, int backward, attn
     if (path == PATH_BLAS)
         n += blas_workspace(p, backward);
     if (path == PATH_MMA && backward)
-        n += mma_bwd_workspace(s, p);
+        n += p.rects ? mma_rect_bwd_workspace(s, p) : mma_bwd_workspace(s, p);
     *bytes = n;
     return CP_SUCCESS;
 }
 
 cp_status unsupported(const attn_params &p, const char *func)
 {
+    if (p.rects)
+        return fail(CP_ERROR_UNSUPPORTED,
+                    "%s: no CUDA path for rectangles, windows or softcaps with head_dim %d, head_dim_v %d, "
+                    "dtype %d, o_dtype %d (the tensor-core kernels take F16 / BF16 up to head dim 256)",
+                    func, p.D, p.Dv, (int)p.dt, (int)p.odt);
     return fail(CP_ERROR_UNSUPPORTED,
                 "%s: no CUDA attention path for head_dim %d, head_dim_v %d with o_dtype %d (dtype %d)", func, p.D,
                 p.Dv, (int)p.odt, (int)p.dt);
@@ -252,6 +284,8 @@ cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
     attn_path path = choose(s, p, 0);
     if (path == PATH_AUTO)
         return unsupported(p, func);
+    if (path == PATH_MMA && p.rects)
+        return use_wgmma(s, p) ? wgmma_forward(s, p) : mma_rect_forward(s, p);
     if (path == PATH_MMA)
         return use_wgmma(s, p) ? wgmma_forward(s, p) : mma_forward(s, p);
     if (path == PATH_SIMT)
@@ -291,7 +325,9 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     p.drh = caller ? p.lsh : p.Sq;
     r = caller && a->drow_ready ? CP_SUCCESS : launch_drow(s, p);
     if (r == CP_SUCCESS) {
-        if (path == PATH_MMA)
+        if (path == PATH_MMA && p.rects)
+            r = mma_rect_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p));
+        else if (path == PATH_MMA)
             r = mma_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p), use_wgmma_bwd(s, p));
         else if (path == PATH_SIMT)
             r = simt_backward(s, p);

@@ -236,6 +236,95 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 #endif
 }
 
+// API 1.1: fwd_wgmma_kernel's pipeline over a rectangle list. A block takes
+// query tile p.rs.by_q.order[x / H] (most work first) and walks the key tiles
+// of its bands (next_key_tile, mma.cuh): a key tile starts at the band's
+// first visible key and loads zeros past the band's keys; the softmax masks
+// with the band's limits per row unless the band covers the whole tile, and
+// one online softmax runs through every band of the tile.
+template <typename T, int DP>
+__global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_params p)
+{
+#ifdef CP_WGMMA_BODY
+    constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
+    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + WG_KSTAGES * KB;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int tile = p.rs.by_q.order[blockIdx.x / p.H];
+    const int h = (int)(blockIdx.x % p.H), hk = h / p.G;
+    const int64_t b = blockIdx.z;
+    const int64_t i0 = (int64_t)tile * BQ, nq = p.Sq - i0 < BQ ? p.Sq - i0 : BQ;
+    const int64_t row = i0 + wg * 64 + warp * 16 + g; // this thread's rows: row, row + 8
+    const int be = p.rs.by_q.start[tile + 1];
+    // the step computed now (cbi, ck0) and the next one to load (lbi, lk0)
+    int cbi = p.rs.by_q.start[tile];
+    int64_t ck0 = 0, ckhi = 0;
+    if (cbi < be) {
+        const band r = p.rs.bands[p.rs.by_q.ids[cbi]];
+        band_rows_keys(r, i0, nq, &ck0, &ckhi);
+        wg::load_sw<T, BQ, DP, WG_THREADS>(Qs, p.q, b, i0, p.Sq, h, p.D);
+        wg::load_sw<T, BK, DP, WG_THREADS>(Ks, p.k, b, ck0, r.k1, hk, p.D);
+        wg::load_sw<T, BK, DP, WG_THREADS>(Vs, p.v, b, ck0, r.k1, hk, p.Dv);
+        cp_async_commit();
+    }
+    int lbi = cbi;
+    int64_t lk0 = ck0, lkhi = ckhi;
+    if (lbi < be)
+        next_key_tile<BK>(p, be, i0, nq, lbi, lk0, lkhi);
+
+    float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
+    uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
+    start_rows<DP>(o, m, l);
+    const uint32_t qa = Qs + wg * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
+
+    int n = 0;
+    for (; cbi < be; n++) {
+        cp_async_wait_all();
+        fence_proxy_async(); // the tiles were written through the generic proxy; wgmma reads through the async one
+        __syncthreads();     // K, V tile n are in; both warpgroups are done with K n-1 and V n-2
+        if (lbi < be) {
+            const int64_t kend = p.rs.bands[p.rs.by_q.ids[lbi]].k1;
+            wg::load_sw<T, BK, DP, WG_THREADS>(Ks + ((n + 1) % WG_KSTAGES) * KB, p.k, b, lk0, kend, hk, p.D);
+            wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, p.v, b, lk0, kend, hk, p.Dv);
+            cp_async_commit();
+        }
+        issue_s<T, DP>(s, o, pa, qa, Ks + (n % WG_KSTAGES) * KB);
+        if (n > 0) {
+            issue_pv<T, DP>(o, pa, Vs + ((n - 1) % WG_VSTAGES) * KB);
+            wg::wait<1>();
+        } else {
+            wg::wait<0>();
+        }
+        reg_fence(s);
+        const band r = p.rs.bands[p.rs.by_q.ids[cbi]];
+        const bool full = band_covers(r, i0, BQ, ck0, BK);
+        int lo[2] = {0, 0}, hi[2] = {BK, BK};
+        if (!full) {
+            row_limits(r, row, ck0, BK, &lo[0], &hi[0]);
+            row_limits(r, row + 8, ck0, BK, &lo[1], &hi[1]);
+        }
+        softmax_band<NB>(s, m, l, alpha, p, full, lo, hi, tq);
+        reg_fence(s);
+        reg_fence(l);
+        reg_fence(alpha);
+        wg::wait<0>();
+        reg_fence(o);
+        finish_tile<T, DP>(o, alpha, s, pa);
+        cbi = lbi;
+        ck0 = lk0;
+        if (lbi < be)
+            next_key_tile<BK>(p, be, i0, nq, lbi, lk0, lkhi);
+    }
+    if (n > 0)
+        last_pv<T, DP>(o, pa, Vs + ((n - 1) % WG_VSTAGES) * KB);
+    store_rows(p, o, m, l, row, b, h, tq);
+#else
+    (void)p;
+#endif
+}
+
 // The same computation as fwd_wgmma_kernel with a loader warpgroup (its first
 // thread issues every copy) and the two consumer warpgroups in ping-pong.
 // Persistent: a block works on items of `items` (fwd_item) in turn, taken
@@ -431,9 +520,30 @@ cp_status launch(state *s, const attn_params &p)
     return check_launch("attention forward (wgmma)");
 }
 
+template <typename T, int DP>
+cp_status launch_rect(state *s, const attn_params &p0)
+{
+    attn_params p = p0;
+    void *buf;
+    cp_status r = rect_upload(s, &p, WG_BQ, 64, &buf);
+    if (r != CP_SUCCESS)
+        return r;
+    constexpr int bytes = wgmma_smem(DP);
+    auto kernel = fwd_wgmma_rect_kernel<T, DP>;
+    r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, rectangles)");
+    if (r == CP_SUCCESS) {
+        dim3 grid((unsigned)((int64_t)p.rs.by_q.ntiles * p.H), 1, (unsigned)p.B);
+        kernel<<<grid, WG_THREADS, bytes, s->stream>>>(p);
+        r = check_launch("attention forward (wgmma, rectangles)");
+    }
+    return rect_release(s, buf, r);
+}
+
 template <typename T>
 cp_status forward_t(state *s, const attn_params &p)
 {
+    if (p.rects)
+        return padded_dim(p.D, p.Dv) == 64 ? launch_rect<T, 64>(s, p) : launch_rect<T, 128>(s, p);
     return padded_dim(p.D, p.Dv) == 64 ? launch<T, 64>(s, p) : launch<T, 128>(s, p);
 }
 
@@ -444,7 +554,7 @@ bool wgmma_fits(const state *s, const attn_params &p)
 #ifdef CP_HAVE_SM90A
     const int DP = padded_dim(p.D, p.Dv);
     return s->cc == 90 && (p.dt == CP_DTYPE_F16 || p.dt == CP_DTYPE_BF16) && p.vec && (DP == 64 || DP == 128) &&
-           p.B <= 65535 && p.H <= 65535 && (p.Sq + WG_BQ - 1) / WG_BQ <= 0x7fffffff &&
+           p.B <= 65535 && p.H <= 65535 && (p.Sq + WG_BQ - 1) / WG_BQ * (p.rects ? p.H : 1) <= 0x7fffffff &&
            wgmma_smem(DP) <= s->smem_optin;
 #else
     (void)s, (void)p;

@@ -58,6 +58,7 @@ struct state {
     int deterministic;                // backward bitwise reproducible (no atomics); 0 = fastest
     int *sched;                       // SCHED_SLOTS work counters of persistent kernels, 0 between launches
     unsigned sched_next;              // the slot the next launch takes
+    void *rect_stage;                 // pinned staging of rectangle lists (attn_rect.cu), made on first use
 };
 
 // The work counter of the next persistent launch (slots in turn: SCHED_SLOTS).
@@ -77,6 +78,59 @@ cp_status use_device(state *s);
 struct tensor {
     const void *p;
     int64_t sb, ss, sh;
+};
+
+// ---------------------------------------------------------------------------
+// API 1.1: windows, softcaps and rectangle lists.
+//
+// A rectangle of the block in rows with its band, as the CPU kernels keep it
+// (kernels/cpu/attention.c, rect): query row q0 + t sees the key rows
+// k0 + [t + a_lo, t + a_hi), key row k0 + u is seen by the query rows
+// q0 + [u + b_lo, u + b_hi), each clamped to the rectangle. The bounds are
+// saturated at INT64_MIN / INT64_MAX where a side has none.
+struct band {
+    int64_t q0, q1, k0, k1;
+    int64_t a_lo, a_hi, b_lo, b_hi;
+};
+
+// clamp(t + a, 0, n) for 0 <= t, 0 <= n and any a, without overflow.
+__host__ __device__ inline int64_t clamp_add(int64_t t, int64_t a, int64_t n)
+{
+    if (a >= n - t)
+        return n;
+    return t + a < 0 ? 0 : t + a;
+}
+
+// Key rows [*lo, *hi) of r that query row i (q0 <= i < q1) sees; lo <= hi.
+__host__ __device__ inline void band_keys(const band &r, int64_t i, int64_t *lo, int64_t *hi)
+{
+    const int64_t n = r.k1 - r.k0, t = i - r.q0;
+    *lo = r.k0 + clamp_add(t, r.a_lo, n);
+    *hi = r.k0 + clamp_add(t, r.a_hi, n);
+}
+
+// Query rows [*lo, *hi) of r that see key row j (k0 <= j < k1); lo <= hi.
+__host__ __device__ inline void band_queries(const band &r, int64_t j, int64_t *lo, int64_t *hi)
+{
+    const int64_t n = r.q1 - r.q0, u = j - r.k0;
+    *lo = r.q0 + clamp_add(u, r.b_lo, n);
+    *hi = r.q0 + clamp_add(u, r.b_hi, n);
+}
+
+// Tiles of `tile` rows (query rows or key rows) and the bands that meet
+// them: tile t's are ids[start[t] .. start[t + 1]); order lists every tile,
+// the most work first (the launch order: a block takes order[x]).
+struct tile_index {
+    const int *start, *ids, *order;
+    int tile, ntiles;
+};
+
+// The rectangle list of a call on the device (rect_upload, attn_rect.cu).
+struct rect_set {
+    const band *bands;
+    int nbands;
+    tile_index by_q; // query tiles (forward, deterministic dQ)
+    tile_index by_k; // key tiles (dK / dV)
 };
 
 struct attn_params {
@@ -105,6 +159,18 @@ struct attn_params {
     // its rows allow 16-byte vector reductions.
     tensor dqa;
     int dqa_cols, dqa_vec;
+    // API 1.1. rects: the call takes the rectangle kernels (a list, or the
+    // block as one rectangle with a window or softcap); rs is filled by
+    // rect_upload. With a softcap c the base-2 score is cap_out * tanh(s *
+    // cap_in) (cap_in = scale / c, cap_out = c log2 e).
+    int rects;
+    int64_t window;
+    const cp_attn_rect *host_rects; // the caller's list (host memory), or NULL
+    int64_t num_host_rects;
+    int64_t q_pos, k_pos;           // the block's positions without a list
+    int softcap;
+    float cap_in, cap_out;
+    rect_set rs;
 };
 
 // Fill p from a (defaults resolved as the core does; checks what the kernels
@@ -255,7 +321,8 @@ cp_status mma_backward(state *s, const attn_params &p, void *ws, bool wgmma);
 // variant when the grads are not F32 (0 for the deterministic one).
 size_t mma_bwd_workspace(const state *s, const attn_params &p);
 // The Hopper (sm_90a, wgmma) forward: for F16 / BF16, padded head dims 64 and
-// 128, aligned rows, on a cc 9.0 device of a build with sm_90a code.
+// 128, aligned rows, on a cc 9.0 device of a build with sm_90a code (with
+// p.rects, the rectangle forward: attn_wgmma_fwd.cu, fwd_wgmma_rect_kernel).
 bool wgmma_fits(const state *s, const attn_params &p);
 cp_status wgmma_forward(state *s, const attn_params &p);
 // The Hopper backward with atomic dQ (deterministic = 0), same conditions;
@@ -267,6 +334,35 @@ bool blas_fits(const attn_params &p, int backward);
 size_t blas_workspace(const attn_params &p, int backward);
 cp_status blas_forward(state *s, const attn_params &p, void *ws);
 cp_status blas_backward(state *s, const attn_params &p, void *ws);
+
+// API 1.1 (attn_rect.cu, attn_mma_rect.cu, attn_simt.cu).
+// Build the rectangle list of p (bands trimmed to their visible pairs) and
+// its tile indexes for query tiles of q_tile rows and key tiles of k_tile
+// rows, copy them into one stream-ordered device buffer (*buf, freed with
+// rect_release after the kernels that read it are queued) and point p->rs
+// at it.
+cp_status rect_upload(state *s, attn_params *p, int q_tile, int k_tile, void **buf);
+cp_status rect_release(state *s, void *buf, cp_status r);
+// Free the state's staging buffers (cu_close; waits for their last copies).
+void rect_stage_free(state *s);
+// tanh(x) from one fast exp2: absolute error about 1e-7; NaN stays NaN and
+// +-inf give +-1.
+__device__ __forceinline__ float tanh_cap(float x)
+{
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(x * (2.0f * LOG2E)));
+    return 1.0f - __fdividef(2.0f, e + 1.0f);
+}
+// The base-2 score of a raw product s (q . k): softcapped or scaled.
+__device__ __forceinline__ float score2(const attn_params &p, float s)
+{
+    return p.softcap ? p.cap_out * tanh_cap(s * p.cap_in) : s * p.c;
+}
+bool mma_rect_fits(const state *s, const attn_params &p, int backward);
+cp_status mma_rect_forward(state *s, const attn_params &p);
+// ws: mma_bwd_workspace(s, p) bytes, as mma_backward.
+cp_status mma_rect_backward(state *s, const attn_params &p, void *ws);
+size_t mma_rect_bwd_workspace(const state *s, const attn_params &p);
 
 // Opt a kernel into `bytes` of dynamic shared memory (once per kernel).
 cp_status allow_smem(const void *kernel, int bytes, const char *what);

@@ -541,6 +541,127 @@ __device__ __forceinline__ void store_dkdv_rows(const attn_params &p, const floa
     }
 }
 
+// ---------------------------------------------------------------------------
+// API 1.1: walking a call's bands (attn_mma_rect.cu, the wgmma rectangle
+// forward).
+
+// The band, the rows of the tile [i0, i0 + nq) inside it, and the key range
+// [*klo, *khi) those rows see.
+__device__ __forceinline__ void band_rows_keys(const band &r, int64_t i0, int64_t nq, int64_t *klo, int64_t *khi)
+{
+    const int64_t ra = r.q0 > i0 ? r.q0 : i0, rb = r.q1 < i0 + nq ? r.q1 : i0 + nq;
+    int64_t x;
+    band_keys(r, ra, klo, &x);
+    band_keys(r, rb - 1, &x, khi);
+}
+
+// The same from the key side: keys [j0, j0 + nk) of the band, the query rows
+// [*qlo, *qhi) that see them.
+__device__ __forceinline__ void band_keys_rows(const band &r, int64_t j0, int64_t nk, int64_t *qlo, int64_t *qhi)
+{
+    const int64_t ka = r.k0 > j0 ? r.k0 : j0, kb = r.k1 < j0 + nk ? r.k1 : j0 + nk;
+    int64_t x;
+    band_queries(r, ka, qlo, &x);
+    band_queries(r, kb - 1, &x, qhi);
+}
+
+// Whether every pair of rows [i0, i0 + ni) x keys [j0, j0 + nj) is in the band.
+__device__ __forceinline__ bool band_covers(const band &r, int64_t i0, int64_t ni, int64_t j0, int64_t nj)
+{
+    if (i0 < r.q0 || i0 + ni > r.q1 || j0 < r.k0 || j0 + nj > r.k1)
+        return false;
+    // row q0 + t sees k0 + [t + a_lo, t + a_hi): need j0 >= last row's lo
+    // and j0 + nj <= first row's hi
+    int64_t lo, hi, x;
+    band_keys(r, i0 + ni - 1, &lo, &x);
+    band_keys(r, i0, &x, &hi);
+    return lo <= j0 && hi >= j0 + nj;
+}
+
+// The columns [lo, hi) of a tile of bk keys from k0 that row i sees in band r
+// (0, 0 for a row outside it).
+__device__ __forceinline__ void row_limits(const band &r, int64_t i, int64_t k0, int bk, int *lo, int *hi)
+{
+    if (i < r.q0 || i >= r.q1) {
+        *lo = *hi = 0;
+        return;
+    }
+    int64_t a, b;
+    band_keys(r, i, &a, &b);
+    a -= k0;
+    b -= k0;
+    *lo = a < 0 ? 0 : a > bk ? bk : (int)a;
+    *hi = b < 0 ? 0 : b > bk ? bk : (int)b;
+}
+
+// The columns [lo, hi) of a tile of bq query rows from i0 that key j sees.
+__device__ __forceinline__ void key_limits(const band &r, int64_t j, int64_t i0, int bq, int *lo, int *hi)
+{
+    if (j < r.k0 || j >= r.k1) {
+        *lo = *hi = 0;
+        return;
+    }
+    int64_t a, b;
+    band_queries(r, j, &a, &b);
+    a -= i0;
+    b -= i0;
+    *lo = a < 0 ? 0 : a > bq ? bq : (int)a;
+    *hi = b < 0 ? 0 : b > bq ? bq : (int)b;
+}
+
+// One online-softmax step of a 16-row tile in C layout (softmax_tile of
+// mma.cuh with two-sided limits per row and the softcap): scores to base 2,
+// masked outside [lo[r], hi[r]) unless `full`, probabilities relative to the
+// new running maximum, alpha for the accumulators.
+template <int NB>
+__device__ __forceinline__ void softmax_band(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             const attn_params &p, bool full, const int (&lo)[2],
+                                             const int (&hi)[2], int tq)
+{
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            float x = score2(p, s[nb][c]);
+            if (!full) {
+                const int col = nb * 8 + 2 * tq + (c & 1);
+                x = col >= lo[c >> 1] && col < hi[c >> 1] ? x : -INFINITY;
+            }
+            s[nb][c] = x;
+            mx[c >> 1] = fmaxf(mx[c >> 1], x);
+        }
+    float mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float mnew = fmaxf(m[r], quad_max(mx[r]));
+        mu[r] = mnew == -INFINITY ? 0.0f : mnew;
+        alpha[r] = exp2_fast(m[r] - mu[r]);
+        m[r] = mnew;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            s[nb][c] = exp2_fast(s[nb][c] - mu[c >> 1]);
+            l[c >> 1] += s[nb][c];
+        }
+}
+
+// The key tile after (bi, k0) of a query tile's walk: the next tile of the
+// band, or the first of the next band (bi = be: none).
+template <int BK>
+__device__ __forceinline__ void next_key_tile(const attn_params &p, int be, int64_t i0, int64_t nq, int &bi,
+                                              int64_t &k0, int64_t &khi)
+{
+    k0 += BK;
+    if (k0 < khi)
+        return;
+    if (++bi < be)
+        band_rows_keys(p.rs.bands[p.rs.by_q.ids[bi]], i0, nq, &k0, &khi);
+}
+
 // Padded head dim the kernels are compiled for: 64, 128 or 256 (0 = none).
 inline int padded_dim(int D, int Dv)
 {

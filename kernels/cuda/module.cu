@@ -120,6 +120,7 @@ void cu_close(void *p)
             cudaStreamSynchronize(s->aux[i]);
             cudaStreamDestroy(s->aux[i]);
         }
+    rect_stage_free(s);
     // (cudaFree waits for the device: no kernel uses a counter any more)
     cudaFree(s->sched);
     delete s;
@@ -380,6 +381,8 @@ cp_backend_ops make_ops()
     o.set_deterministic = cu_set_deterministic;
     o.nccl_unique_id = nccl_unique_id;
     o.nccl_comm_create = nccl_comm_create;
+    // windows, softcaps and rectangle lists (API 1.1)
+    o.kernel_args_size = sizeof(cp_kernel_attn_args);
     return o;
 }
 

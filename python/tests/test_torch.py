@@ -14,14 +14,15 @@ from refattn import doc_ids_of, visible  # noqa: E402
 F = torch.nn.functional
 
 
-def sdpa_reference(q, k, v, causal=True, window=0, doc_ids=None, scale=None, sinks=None):
+def sdpa_reference(q, k, v, causal=True, window=0, doc_ids=None, scale=None, sinks=None, softcap=0.0):
     """float64 attention of [B, S, H, D] tensors through SDPA's math backend
-    (sinks through an extra key column of zero value)."""
+    (sinks through an extra key column of zero value; a softcap c as
+    c * tanh(s / c) on the scaled scores, written out)."""
     B, S, H, D = q.shape
     grp = H // k.shape[2]
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k.repeat_interleave(grp, 2), v.repeat_interleave(grp, 2)))
     mask = torch.as_tensor(visible(S, causal, window, doc_ids), device=q.device)
-    if sinks is None:
+    if sinks is None and not softcap:
         try:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             ctx = sdpa_kernel(SDPBackend.MATH)
@@ -32,9 +33,14 @@ def sdpa_reference(q, k, v, causal=True, window=0, doc_ids=None, scale=None, sin
         return out.transpose(1, 2)
     scale = scale or D ** -0.5
     s = torch.einsum("bhid,bhjd->bhij", qh, kh) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     s = s.masked_fill(~mask, float("-inf"))
-    sink_col = sinks.to(s.dtype).view(1, H, 1, 1).expand(B, H, S, 1)
-    p = torch.softmax(torch.cat([s, sink_col], -1), -1)[..., :S]
+    if sinks is None:
+        p = torch.softmax(s, -1).nan_to_num(0.0)  # rows without keys: 0
+    else:
+        sink_col = sinks.to(s.dtype).view(1, H, 1, 1).expand(B, H, S, 1)
+        p = torch.softmax(torch.cat([s, sink_col], -1), -1)[..., :S]
     return torch.einsum("bhij,bhjd->bhid", p, vh).transpose(1, 2)
 
 
@@ -44,7 +50,7 @@ def rel(a, b):
 
 
 def run_cp_torch(P, device="cpu", dtype=torch.float32, mode="p2p", layout="zigzag", causal=True, window=0,
-                 sinks=False, H=4, Hkv=2, D=16, S=64, B=2, cu=None, streams=False):
+                 sinks=False, H=4, Hkv=2, D=16, S=64, B=2, cu=None, streams=False, softcap=0.0):
     """CP attention through infinicp.torch on P in-process ranks; returns
     the reference and gathered (out, dq, dk, dv, dsinks)."""
     if layout == "packed":
@@ -56,7 +62,8 @@ def run_cp_torch(P, device="cpu", dtype=torch.float32, mode="p2p", layout="zigza
     q, k, v = (x.to(dtype).double() for x in (q, k, v))  # inputs representable in the storage type
     leaves = [x.clone().requires_grad_() for x in (q, k, v)] + ([sink.clone().requires_grad_()] if sinks else [])
     ref_out = sdpa_reference(*leaves[:3], causal=causal, window=window,
-                             doc_ids=doc_ids_of(cu) if cu else None, sinks=leaves[3] if sinks else None)
+                             doc_ids=doc_ids_of(cu) if cu else None, sinks=leaves[3] if sinks else None,
+                             softcap=softcap)
     (ref_out * w).sum().backward()
     ref = [ref_out.detach()] + [x.grad for x in leaves]
     results = [None] * P
@@ -67,7 +74,7 @@ def run_cp_torch(P, device="cpu", dtype=torch.float32, mode="p2p", layout="zigza
         with infinicp.Context(**ctx_kw) as ctx, infinicp.Group(ctx, comm, a2a_size=2 if mode == "a2a_p2p" else 1) as grp:
             dt = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
             plan = infinicp.AttnPlan(grp, dt, B, S, H, Hkv, D, causal=causal, layout=layout, mode=mode,
-                                     window=window, sinks=sinks)
+                                     window=window, sinks=sinks, softcap=softcap)
             pack = infinicp.Pack(P, cu, causal=causal, window=window) if layout == "packed" else None
             where = pack if pack is not None else plan
             with torch.cuda.stream(stream) if streams else _nothing():
@@ -172,6 +179,30 @@ def test_attention_cuda_cp4_one_gpu(mode, dtype):
     bound = 4 * 2.0 ** -8 if dtype == torch.bfloat16 else 4 * 2.0 ** -11
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
         assert rel(a, b) < bound, name
+
+
+@pytest.mark.parametrize("P", [1, 4])
+@pytest.mark.parametrize("case", ["packed", "packed_window", "zigzag_window", "packed_softcap", "packed_d128"])
+@pytest.mark.parametrize("mode", ["p2p", "a2a", "all_gather", "a2a_p2p"])
+def test_attention_cuda_api11_one_gpu(mode, case, P):
+    """API 1.1 on one GPU: packed documents, windows and softcaps through
+    the CUDA module's rectangle kernels, CP = 1 and CP = 4 (a stream per
+    rank), bf16, forward and gradients against SDPA's math in float64."""
+    _cuda_or_skip()
+    if P == 1 and mode != "p2p":
+        pytest.skip("one rank: the mode does not matter")
+    S = 1024
+    kw = dict(layout="zigzag" if case.startswith("zigzag") else "packed", H=8, Hkv=4, D=128 if case == "packed_d128"
+              else 64, S=S, streams=True)
+    if kw["layout"] == "packed":
+        kw["cu"] = [0, 300, 301, 700, 765, S]  # one document of a single token, none a tile multiple
+    if case.endswith("window"):
+        kw["window"] = 100
+    if case.endswith("softcap"):
+        kw["softcap"] = 5.0
+    ref, got = run_cp_torch(P, device="cuda", dtype=torch.bfloat16, mode=mode, **kw)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert rel(a, b) < 4 * 2.0 ** -8, name
 
 
 def test_nccl_group_one_gpu(tmp_path):
