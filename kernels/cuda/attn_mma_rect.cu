@@ -213,6 +213,16 @@ __global__ void __launch_bounds__(128) dkdv_rect_kernel(attn_params p)
     load_tile<T, BK, DP>(Ks, p.k, b, k0, p.Sk, hk, p.D, p.vec);
     load_tile<T, BK, DP>(Vs, p.v, b, k0, p.Sk, hk, p.Dv, p.vec);
     cp_async_commit();
+    // keys outside every band: zeros (key_in_bands)
+    cp_async_wait_all();
+    __syncthreads();
+    for (int e = threadIdx.x; e < BK * (DP / 8); e += blockDim.x) {
+        const int rr = e / (DP / 8), c = e % (DP / 8);
+        if (!key_in_bands(p, bs, be, k0 + rr)) {
+            *reinterpret_cast<uint4 *>(Ks + rr * PITCH + c * 8) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>(Vs + rr * PITCH + c * 8) = make_uint4(0, 0, 0, 0);
+        }
+    }
 
     float adk[DC / 8][4], adv[DC / 8][4];
 #pragma unroll
@@ -513,11 +523,14 @@ template <typename T, int DP>
 cp_status launch_bwd_rect(state *s, const attn_params &p0, void *ws)
 {
     attn_params p = p0;
+    const bool atomic = !s->deterministic && dkdv_rect_smem(DP, true) <= s->smem_optin;
+    // on Hopper the atomic variant runs the wgmma kernel (key tiles of 128)
+    const bool wg = atomic && s->knob.path != PATH_MMA && wgmma_bwd_fits(s, p) &&
+                    (p.Sk + 127) / 128 * p.Hkv <= 0x7fffffff;
     void *buf;
-    cp_status r = rect_upload(s, &p, DQ_BQ, DKDV_BK, &buf);
+    cp_status r = rect_upload(s, &p, DQ_BQ, wg ? 128 : DKDV_BK, &buf);
     if (r != CP_SUCCESS)
         return r;
-    const bool atomic = !s->deterministic && dkdv_rect_smem(DP, true) <= s->smem_optin;
     if (atomic) {
         float *sums = nullptr;
         if (p.gdt == CP_DTYPE_F32) {
@@ -537,7 +550,7 @@ cp_status launch_bwd_rect(state *s, const attn_params &p0, void *ws)
                 r = cuda_fail("cudaMemsetAsync", e);
         }
         if (r == CP_SUCCESS)
-            r = launch_dkdv_rect<T, DP, true>(s, p);
+            r = wg ? wgmma_backward_atomic(s, p) : launch_dkdv_rect<T, DP, true>(s, p);
         if (r == CP_SUCCESS && sums)
             r = launch_rect_finish(s, p, sums);
         return rect_release(s, buf, r);

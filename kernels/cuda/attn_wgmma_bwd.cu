@@ -66,6 +66,9 @@ struct tile_smem {
 };
 
 #ifdef CP_WGMMA_BODY
+// bwd_tile's band limits where it takes none (the dense kernels).
+__device__ const int no_limits[2] = {0, 0};
+
 // The products of one query tile (rows i0.., head h) for this warpgroup;
 // adk / adv accumulate dK and dV of its 64 keys. ds_sync() must return once
 // both warpgroups have stored their dS^T rows (and made them visible to the
@@ -78,10 +81,16 @@ struct tile_smem {
 // from the accumulators, or a copy to shared memory for a bulk reduction).
 // Without it (rows without 16-byte alignment): dV and dK before the
 // barrier, and add_dq_rows once all three are done.
-template <typename T, int DP, bool LATE_DK, typename Sync, typename Sink>
+//
+// RECT (API 1.1, the rectangle kernel): key row r sees the query columns
+// [rlo[r], rhi[r]) of the tile (a band's limits), the scores go through the
+// softcap where there is one (its factor 1 - tanh^2 on dS), and dS is a
+// select, 0 outside the band.
+template <typename T, int DP, bool LATE_DK, bool RECT, typename Sync, typename Sink>
 __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP / 8][4], float (&adv)[DP / 8][4],
                                          const tile_smem &a, int64_t i0, int h, int64_t b, int64_t jrow0, int kr,
-                                         int dcol0, int warp, int g, int tq, Sync ds_sync, Sink dq_sink)
+                                         int dcol0, int warp, int g, int tq, Sync ds_sync, Sink dq_sink,
+                                         const int (&rlo)[2], const int (&rhi)[2])
 {
     using namespace wg;
     constexpr int BK = WB_BK, BQ = WB_BQ, NQ = BQ / 8, NH = DP / 16;
@@ -109,6 +118,7 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
         lim[r] = j < p.Sk ? (int)qc : BQ;
     }
     const float scale = p.scale, c2 = p.c;
+    float tc[RECT ? NQ : 1][4]; // RECT with a softcap: tanh of each score
     wg::wait<1>();
     reg_fence(s);
 #pragma unroll
@@ -116,8 +126,21 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int il = nb * 8 + 2 * tq + (c & 1);
-            const float pv = exp2_fast(s[nb][c] * c2 - lse2_of(ld_shared_f32(a.lse + il * 4)));
-            s[nb][c] = il >= lim[c >> 1] ? pv : 0.0f;
+            if (RECT) {
+                float x;
+                if (p.softcap) {
+                    const float t = tanh_cap(s[nb][c] * p.cap_in);
+                    tc[RECT ? nb : 0][c] = t;
+                    x = p.cap_out * t;
+                } else {
+                    x = s[nb][c] * c2;
+                }
+                const float pv = exp2_fast(x - lse2_of(ld_shared_f32(a.lse + il * 4)));
+                s[nb][c] = il >= rlo[c >> 1] && il < rhi[c >> 1] ? pv : 0.0f;
+            } else {
+                const float pv = exp2_fast(s[nb][c] * c2 - lse2_of(ld_shared_f32(a.lse + il * 4)));
+                s[nb][c] = il >= lim[c >> 1] ? pv : 0.0f;
+            }
         }
     reg_fence(s);
     wg::wait<0>();
@@ -128,7 +151,15 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int il = nb * 8 + 2 * tq + (c & 1);
-            dp[nb][c] = scale * s[nb][c] * (dp[nb][c] - ld_shared_f32(a.lse + (BQ + il) * 4));
+            float ds = scale * s[nb][c] * (dp[nb][c] - ld_shared_f32(a.lse + (BQ + il) * 4));
+            if (RECT) {
+                if (p.softcap) {
+                    const float t = tc[RECT ? nb : 0][c];
+                    ds *= 1.0f - t * t;
+                }
+                ds = il >= rlo[c >> 1] && il < rhi[c >> 1] ? ds : 0.0f;
+            }
+            dp[nb][c] = ds;
         }
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++) {
@@ -298,13 +329,148 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
             load_q(t + 1);
             cp_async_commit();
         }
-        bwd_tile<T, DP, LATE_DK>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g, tq,
-                                 [] { __syncthreads(); },
-                                 [&](const float(&dq)[DP / 16][4]) {
-                                     add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
-                                 });
+        bwd_tile<T, DP, LATE_DK, false>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g,
+                                        tq, [] { __syncthreads(); },
+                                        [&](const float(&dq)[DP / 16][4]) {
+                                            add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+                                        },
+                                        no_limits, no_limits);
     }
     if (p.grad_accumulate && ntotal == 0)
+        return; // no query sees these keys: nothing to add
+    store_dkdv_rows(p, adk, adv, b, hk, jrow0, 0, tq);
+#else
+    (void)p;
+#endif
+}
+
+// API 1.1: bwd_wgmma_kernel over a rectangle list. A block takes key tile
+// p.rs.by_k.order[x / Hkv] (128 keys) and walks, band by band and head by
+// head of its GQA group, the query tiles of 64 rows that see its keys
+// (from the band's first such row); rows past the band's end load as zeros
+// (LSE -inf), and each key row masks with its band limits (key_limits).
+template <typename T, int DP, bool LATE_DK>
+__global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_params p)
+{
+#ifdef CP_WGMMA_BODY
+    using namespace wg;
+    constexpr int BK = WB_BK, BQ = WB_BQ, ND = DP / 8;
+    constexpr uint32_t KB = BK * DP * 2, QB = BQ * DP * 2, SB = BK * BQ * 2; // tile bytes
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t Ks = (smem_addr(smem) + 1023) & ~1023u, Vs = Ks + KB, Qs = Vs + KB, dOs = Qs + 2 * QB,
+                   dSs = dOs + 2 * QB, Ls = dSs + SB;
+    const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int tile = p.rs.by_k.order[blockIdx.x / p.Hkv];
+    const int hk = (int)(blockIdx.x % p.Hkv);
+    const int64_t b = blockIdx.z;
+    const int64_t k0 = (int64_t)tile * BK, nk = p.Sk - k0 < BK ? p.Sk - k0 : BK;
+    const int64_t jrow0 = k0 + wgi * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
+    const int dcol0 = wgi * (DP / 2);
+    const int bs = p.rs.by_k.start[tile], be = p.rs.by_k.start[tile + 1];
+
+    // a step: band bi (of the tile's list), head gq of the group, rows from i0
+    struct step {
+        int bi, gq;
+        int64_t i0, qhi;
+    };
+    auto open = [&](step &x) {
+        int64_t qlo;
+        band_keys_rows(p.rs.bands[p.rs.by_k.ids[x.bi]], k0, nk, &qlo, &x.qhi);
+        x.i0 = qlo;
+        x.gq = 0;
+    };
+    auto advance = [&](step &x) {
+        x.i0 += BQ;
+        if (x.i0 < x.qhi)
+            return;
+        if (++x.gq < p.G) {
+            int64_t qlo;
+            band_keys_rows(p.rs.bands[p.rs.by_k.ids[x.bi]], k0, nk, &qlo, &x.qhi);
+            x.i0 = qlo;
+            return;
+        }
+        if (++x.bi < be)
+            open(x);
+    };
+    auto load_q = [&](const step &x, uint32_t st) {
+        const int h = hk * p.G + x.gq;
+        const int64_t q1 = p.rs.bands[p.rs.by_k.ids[x.bi]].q1;
+        load_sw<T, BQ, DP, WB_THREADS>(Qs + st * QB, p.q, b, x.i0, q1, h, p.D);
+        load_sw<T, BQ, DP, WB_THREADS>(dOs + st * QB, p.dout, b, x.i0, q1, h, p.Dv);
+        if (threadIdx.x < 2 * BQ) {
+            const int e = threadIdx.x % BQ;
+            const bool is_lse = threadIdx.x < BQ;
+            const int64_t i = x.i0 + e;
+            const uint32_t dst = Ls + (st * 2 * BQ + threadIdx.x) * 4;
+            if (i < q1)
+                cp_async4_to(dst, is_lse ? (const void *)(p.lse + b * p.lsb + h * p.lsh + i)
+                                         : (const void *)(p.drow + b * p.drb + h * p.drh + i));
+            else
+                st_shared_f32(dst, is_lse ? -INFINITY : 0.0f);
+        }
+    };
+
+    step cur = {bs, 0, 0, 0};
+    if (bs < be) {
+        open(cur);
+        load_sw<T, BK, DP, WB_THREADS>(Ks, p.k, b, k0, p.Sk, hk, p.D);
+        load_sw<T, BK, DP, WB_THREADS>(Vs, p.v, b, k0, p.Sk, hk, p.Dv);
+        load_q(cur, 0);
+        cp_async_commit();
+        // keys outside every band: zeros (key_in_bands); the loop's first
+        // barrier and proxy fence order these stores before wgmma reads
+        cp_async_wait_all();
+        __syncthreads();
+        for (int e = threadIdx.x; e < BK * (DP / 8); e += WB_THREADS) {
+            const int rr = e / (DP / 8), c = e % (DP / 8);
+            if (!key_in_bands(p, bs, be, k0 + rr)) {
+                const uint32_t off = sw_off<BK>(rr, c);
+                st_shared_v2(Ks + off, 0.0f, 0.0f), st_shared_v2(Ks + off + 8, 0.0f, 0.0f);
+                st_shared_v2(Vs + off, 0.0f, 0.0f), st_shared_v2(Vs + off + 8, 0.0f, 0.0f);
+            }
+        }
+    }
+
+    float adk[ND][4], adv[ND][4];
+#pragma unroll
+    for (int nb = 0; nb < ND; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            adk[nb][c] = adv[nb][c] = 0.0f;
+
+    tile_smem a;
+    a.ka4 = (Ks + wgi * 64 * 128) >> 4, a.va4 = (Vs + wgi * 64 * 128) >> 4;
+    a.kb4 = (Ks + (dcol0 >> 6) * BK * 128 + (dcol0 & 63) * 2) >> 4;
+    a.ds = dSs;
+    for (uint32_t t = 0; cur.bi < be; t++) {
+        const int h = hk * p.G + cur.gq;
+        const int64_t i0 = cur.i0;
+        const uint32_t st = t & 1;
+        a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * 2 * BQ * 4;
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads(); // tile t is in; every product of tile t - 1 is done
+        step nxt = cur;
+        advance(nxt);
+        if (nxt.bi < be) {
+            load_q(nxt, st ^ 1);
+            cp_async_commit();
+        }
+        const band r = p.rs.bands[p.rs.by_k.ids[cur.bi]];
+        int lo[2], hi[2];
+        key_limits(r, jrow0, i0, BQ, &lo[0], &hi[0]);
+        key_limits(r, jrow0 + 8, i0, BQ, &lo[1], &hi[1]);
+        bwd_tile<T, DP, LATE_DK, true>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g,
+                                       tq, [] { __syncthreads(); },
+                                       [&](const float(&dq)[DP / 16][4]) {
+                                           add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
+                                       },
+                                       lo, hi);
+        cur = nxt;
+    }
+    if (p.grad_accumulate && bs == be)
         return; // no query sees these keys: nothing to add
     store_dkdv_rows(p, adk, adv, b, hk, jrow0, 0, tq);
 #else
@@ -562,7 +728,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 const uint32_t dqt = dQs + (2 * c + (gt & 1)) * DQB;
                 mbar_wait(full + 8 * st, (gt / ST) & 1);
                 const bool after_staging = staged && t == 0;
-                bwd_tile<T, DP, true>(
+                bwd_tile<T, DP, true, false>(
                     p, adk, adv, a, i0, h, b, jrow0, c * 64 + warp * 16 + g, dcol0, warp, g, tq,
                     [&] {
                         if constexpr (DQ_TMA) {
@@ -589,7 +755,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                                                h, (int)b);
                             bulk_commit(leader);
                         }
-                    });
+                    },
+                    no_limits, no_limits);
                 mbar_arrive_warp(empty + 8 * st, lane); // tile t's stage is read
             }
             if (ntotal > 0) {
@@ -740,9 +907,25 @@ cp_status launch(state *s, const attn_params &p)
     return check_launch(what);
 }
 
+template <typename T, int DP>
+cp_status launch_rect(state *s, const attn_params &p)
+{
+    dim3 grid((unsigned)((int64_t)p.rs.by_k.ntiles * p.Hkv), 1, (unsigned)p.B);
+    constexpr int bytes = wgbwd_smem(DP);
+    auto kernel = !p.dqa_vec ? bwd_wgmma_rect_kernel<T, DP, false> : bwd_wgmma_rect_kernel<T, DP, true>;
+    const char *what = "attention backward dK/dV/dQ (wgmma, rectangles)";
+    cp_status r = allow_smem((const void *)kernel, bytes, what);
+    if (r != CP_SUCCESS)
+        return r;
+    kernel<<<grid, WB_THREADS, bytes, s->stream>>>(p);
+    return check_launch(what);
+}
+
 template <typename T>
 cp_status backward_t(state *s, const attn_params &p)
 {
+    if (p.rects) // p.rs indexes key tiles of WB_BK
+        return padded_dim(p.D, p.Dv) == 64 ? launch_rect<T, 64>(s, p) : launch_rect<T, 128>(s, p);
     return padded_dim(p.D, p.Dv) == 64 ? launch<T, 64>(s, p) : launch<T, 128>(s, p);
 }
 
