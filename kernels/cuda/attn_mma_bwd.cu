@@ -30,54 +30,6 @@ namespace {
 
 using namespace mma;
 
-// The atomic variant keeps dS^T of the query tile in shared memory, stored
-// [key][query] (the layout its registers hold), for the dQ product.
-__host__ __device__ constexpr int ds_pitch(int DP) { return dkdv_bq(DP) + 8; }
-
-// dK/dV blocks of NW warps own 16 NW keys: the deterministic variant uses 4
-// (DKDV_BK = 64 keys); the atomic one 4 or 8 (INFINICP_CUDA_BWD_WARPS,
-// tuning: 128 keys halve the reductions and the Q / dO tile loads per key).
-inline int dkdv_smem_nw(int DP, int NW, bool atomic)
-{
-    const int BK = 16 * NW, BQ = dkdv_bq(DP);
-    return tile_bytes(2 * BK + 2 * BQ, DP) + 2 * BQ * 4 + (atomic ? BK * ds_pitch(DP) * 2 : 0);
-}
-
-// A operand (16 rows from m0, k columns [k0, k0 + 16)) from a tile stored
-// [k][m] (m contiguous), through the transposing load.
-template <int PITCH, typename T>
-__device__ __forceinline__ void load_a_km(uint32_t (&a)[4], const T *tile, int m0, int k0, int lane)
-{
-    ldsm_x4_t(a, tile + (k0 + (lane >> 4) * 8 + (lane & 7)) * PITCH + m0 + ((lane >> 3) & 1) * 8);
-}
-
-// dQ rows [i0 + 16 wm, +16) x columns [col0, col0 + NC) of query head h from
-// dS (in dSs, [key][query]) and the K tile: dq += dS K, added into p.dqa.
-template <typename T, int DP, int BK, int NC>
-__device__ __forceinline__ void add_dq(const attn_params &p, const T *dSs, const T *Ks, int64_t b, int h,
-                                       int64_t i0, int wm, int col0, int lane)
-{
-    constexpr int PITCH = DP + 8, SP = ds_pitch(DP);
-    const int g = lane >> 2, tq = lane & 3;
-    float acc[NC / 8][4];
-#pragma unroll
-    for (int nb = 0; nb < NC / 8; nb++)
-        acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-        uint32_t a[4];
-        load_a_km<SP>(a, dSs, wm * 16, kk * 16, lane);
-#pragma unroll
-        for (int nb2 = 0; nb2 < NC / 16; nb2++) {
-            uint32_t bb[4];
-            load_b_kn<PITCH>(bb, Ks, col0 + nb2 * 16, kk * 16, lane);
-            mma16816<T>(acc[2 * nb2], a, bb[0], bb[1]);
-            mma16816<T>(acc[2 * nb2 + 1], a, bb[2], bb[3]);
-        }
-    }
-    add_dq_rows(p, acc, b, h, i0 + wm * 16 + g, col0, tq);
-}
-
 template <typename T, int DP, bool ATOMIC, int NW>
 __global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
 {
@@ -374,24 +326,9 @@ cp_status launch_bwd(state *s, const attn_params &p0, void *ws, bool wgmma)
     cp_status r;
     if (use_atomic(s, p0)) {
         attn_params p = p0;
-        float *sums = nullptr;
-        if (p.gdt == CP_DTYPE_F32) {
-            // add into dq itself; cleared first unless accumulating
-            p.dqa = p.dq;
-            p.dqa_cols = p.D;
-            p.dqa_vec = p.D % 4 == 0 && dqa_aligned(p.dq);
-            if (!p.grad_accumulate && (r = launch_finish(s, p, nullptr)) != CP_SUCCESS)
-                return r;
-        } else {
-            const int64_t cols = sums_cols(p);
-            sums = static_cast<float *>(ws);
-            p.dqa = tensor{sums, p.Sq * p.H * cols, p.H * cols, cols};
-            p.dqa_cols = (int)cols;
-            p.dqa_vec = dqa_aligned(p.dqa);
-            cudaError_t e = cudaMemsetAsync(sums, 0, mma_bwd_workspace(s, p), s->stream);
-            if (e != cudaSuccess)
-                return cuda_fail("cudaMemsetAsync", e);
-        }
+        float *sums;
+        if ((r = mma_dq_sums_begin(s, &p, ws, &sums)) != CP_SUCCESS)
+            return r;
         if (wgmma)
             r = wgmma_backward_atomic(s, p);
         else
@@ -399,7 +336,7 @@ cp_status launch_bwd(state *s, const attn_params &p0, void *ws, bool wgmma)
                                                  : launch_dkdv<T, DP, true, 4>(s, p);
         if (r != CP_SUCCESS)
             return r;
-        return sums ? launch_finish(s, p, sums) : CP_SUCCESS;
+        return mma_dq_sums_end(s, p, sums);
     }
     if ((r = launch_dkdv<T, DP, false, 4>(s, p0)) != CP_SUCCESS)
         return r;
@@ -423,6 +360,31 @@ cp_status backward_t(state *s, const attn_params &p, void *ws, bool wgmma)
 }
 
 } // namespace
+
+cp_status mma_dq_sums_begin(state *s, attn_params *p, void *ws, float **sums)
+{
+    *sums = nullptr;
+    if (p->gdt == CP_DTYPE_F32) {
+        // add into dq itself; cleared first unless accumulating
+        p->dqa = p->dq;
+        p->dqa_cols = p->D;
+        p->dqa_vec = p->D % 4 == 0 && dqa_aligned(p->dq);
+        return p->grad_accumulate ? CP_SUCCESS : launch_finish(s, *p, nullptr);
+    }
+    const int64_t cols = sums_cols(*p);
+    *sums = static_cast<float *>(ws);
+    p->dqa = tensor{*sums, p->Sq * p->H * cols, p->H * cols, cols};
+    p->dqa_cols = (int)cols;
+    p->dqa_vec = dqa_aligned(p->dqa);
+    cudaError_t e = cudaMemsetAsync(*sums, 0, (size_t)p->B * (size_t)p->Sq * (size_t)p->H * (size_t)cols * sizeof(float),
+                                    s->stream);
+    return e == cudaSuccess ? CP_SUCCESS : cuda_fail("cudaMemsetAsync", e);
+}
+
+cp_status mma_dq_sums_end(state *s, const attn_params &p, const float *sums)
+{
+    return sums ? launch_finish(s, p, sums) : CP_SUCCESS;
+}
 
 size_t mma_bwd_workspace(const state *s, const attn_params &p)
 {

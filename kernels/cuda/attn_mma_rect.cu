@@ -150,45 +150,10 @@ __global__ void __launch_bounds__(128) fwd_rect_kernel(attn_params p)
         store_rows(p, acc[mt], m[mt], l[mt], row0 + mt * 16, b, h, tq);
 }
 
-// The atomic variant's dS^T tile pitch (as attn_mma_bwd.cu).
-__host__ __device__ constexpr int ds_pitch(int DP) { return dkdv_bq(DP) + 8; }
-
+// The dK/dV blocks here have 4 warps (64 keys).
 inline int dkdv_rect_smem(int DP, bool atomic)
 {
-    const int BK = DKDV_BK, BQ = dkdv_bq(DP);
-    return tile_bytes(2 * BK + 2 * BQ, DP) + 2 * BQ * 4 + (atomic ? BK * ds_pitch(DP) * 2 : 0);
-}
-
-template <int PITCH, typename T>
-__device__ __forceinline__ void load_a_km(uint32_t (&a)[4], const T *tile, int m0, int k0, int lane)
-{
-    ldsm_x4_t(a, tile + (k0 + (lane >> 4) * 8 + (lane & 7)) * PITCH + m0 + ((lane >> 3) & 1) * 8);
-}
-
-// dQ rows [i0 + 16 wm, +16) x columns [col0, col0 + NC) += dS K (as the
-// dense kernel's add_dq).
-template <typename T, int DP, int BK, int NC>
-__device__ __forceinline__ void add_dq_rect(const attn_params &p, const T *dSs, const T *Ks, int64_t b, int h,
-                                            int64_t i0, int wm, int col0, int lane)
-{
-    constexpr int PITCH = DP + 8, SP = ds_pitch(DP);
-    float acc[NC / 8][4];
-#pragma unroll
-    for (int nb = 0; nb < NC / 8; nb++)
-        acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-        uint32_t a[4];
-        load_a_km<SP>(a, dSs, wm * 16, kk * 16, lane);
-#pragma unroll
-        for (int nb2 = 0; nb2 < NC / 16; nb2++) {
-            uint32_t bb[4];
-            load_b_kn<PITCH>(bb, Ks, col0 + nb2 * 16, kk * 16, lane);
-            mma16816<T>(acc[2 * nb2], a, bb[0], bb[1]);
-            mma16816<T>(acc[2 * nb2 + 1], a, bb[2], bb[3]);
-        }
-    }
-    add_dq_rows(p, acc, b, h, i0 + wm * 16 + (lane >> 2), col0, lane & 3);
+    return dkdv_smem_nw(DP, 4, atomic);
 }
 
 template <typename T, int DP, bool ATOMIC>
@@ -322,7 +287,7 @@ __global__ void __launch_bounds__(128) dkdv_rect_kernel(attn_params p)
                 }
                 if (ATOMIC) {
                     __syncthreads(); // every warp's dS rows are in
-                    add_dq_rect<T, DP, BK, NC>(p, dSs, Ks, b, h, i0, warp % WM, c0 + (warp / WM) * NC, lane);
+                    add_dq<T, DP, BK, NC>(p, dSs, Ks, b, h, i0, warp % WM, c0 + (warp / WM) * NC, lane);
                 }
             }
         }
@@ -488,37 +453,6 @@ cp_status launch_dkdv_rect(state *s, const attn_params &p)
     return check_launch(what);
 }
 
-// dq (grad dtype) from the fp32 sums, or cleared (sums NULL): as the dense
-// backward's finish kernel.
-__global__ void dq_rect_finish_kernel(attn_params p, const float *sums)
-{
-    const int64_t rows = (int64_t)p.B * p.Sq * p.H;
-    void *dq = const_cast<void *>(p.dq.p);
-    for (int64_t rr = blockIdx.x; rr < rows; rr += gridDim.x) {
-        const int h = (int)(rr % p.H);
-        const int64_t i = rr / p.H % p.Sq, b = rr / p.H / p.Sq;
-        const int64_t o = at(p.dq, b, i, h);
-        const float *src = sums ? sums + at(p.dqa, b, i, h) : nullptr;
-        for (int d = threadIdx.x; d < p.D; d += blockDim.x) {
-            const float v = src ? src[d] : 0.0f;
-            st_f(dq, p.gdt, o + d, p.grad_accumulate && src ? ld_f(dq, p.gdt, o + d) + v : v);
-        }
-    }
-}
-
-cp_status launch_rect_finish(state *s, const attn_params &p, const float *sums)
-{
-    const int64_t rows = (int64_t)p.B * p.Sq * p.H;
-    const int64_t blocks = rows < 65536 ? rows : 65536;
-    dq_rect_finish_kernel<<<(unsigned)blocks, p.D <= 64 ? 64 : 128, 0, s->stream>>>(p, sums);
-    return check_launch("attention backward dQ finish (mma, rectangles)");
-}
-
-bool aligned16(const tensor &t)
-{
-    return (uintptr_t)t.p % 16 == 0 && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
-}
-
 template <typename T, int DP>
 cp_status launch_bwd_rect(state *s, const attn_params &p0, void *ws)
 {
@@ -532,27 +466,12 @@ cp_status launch_bwd_rect(state *s, const attn_params &p0, void *ws)
     if (r != CP_SUCCESS)
         return r;
     if (atomic) {
-        float *sums = nullptr;
-        if (p.gdt == CP_DTYPE_F32) {
-            p.dqa = p.dq;
-            p.dqa_cols = p.D;
-            p.dqa_vec = p.D % 4 == 0 && aligned16(p.dq);
-            if (!p.grad_accumulate)
-                r = launch_rect_finish(s, p, nullptr);
-        } else {
-            const int64_t cols = (p.D + 3) / 4 * 4;
-            sums = static_cast<float *>(ws);
-            p.dqa = tensor{sums, p.Sq * p.H * cols, p.H * cols, cols};
-            p.dqa_cols = (int)cols;
-            p.dqa_vec = aligned16(p.dqa);
-            cudaError_t e = cudaMemsetAsync(sums, 0, (size_t)p.B * p.Sq * p.H * cols * sizeof(float), s->stream);
-            if (e != cudaSuccess)
-                r = cuda_fail("cudaMemsetAsync", e);
-        }
+        float *sums;
+        r = mma_dq_sums_begin(s, &p, ws, &sums);
         if (r == CP_SUCCESS)
             r = wg ? wgmma_backward_atomic(s, p) : launch_dkdv_rect<T, DP, true>(s, p);
-        if (r == CP_SUCCESS && sums)
-            r = launch_rect_finish(s, p, sums);
+        if (r == CP_SUCCESS)
+            r = mma_dq_sums_end(s, p, sums);
         return rect_release(s, buf, r);
     }
     r = launch_dkdv_rect<T, DP, false>(s, p);
@@ -614,7 +533,7 @@ size_t mma_rect_bwd_workspace(const state *s, const attn_params &p)
     const bool atomic = !s->deterministic && DP && dkdv_rect_smem(DP, true) <= s->smem_optin;
     if (!atomic || p.gdt == CP_DTYPE_F32)
         return 0;
-    return (size_t)p.B * (size_t)p.Sq * (size_t)p.H * (size_t)((p.D + 3) / 4 * 4) * sizeof(float);
+    return (size_t)p.B * (size_t)p.Sq * (size_t)p.H * (size_t)((p.D + 3) / 4 * 4) * sizeof(float); // as mma_dq_sums_begin
 }
 
 } // namespace cu

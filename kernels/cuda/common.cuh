@@ -320,6 +320,12 @@ cp_status mma_backward(state *s, const attn_params &p, void *ws, bool wgmma);
 // Scratch the mma backward needs beyond drow: the fp32 dQ sums of the atomic
 // variant when the grads are not F32 (0 for the deterministic one).
 size_t mma_bwd_workspace(const state *s, const attn_params &p);
+// The atomic backward's dQ target (attn_mma_bwd.cu; also the rectangle
+// kernels'): with F32 grads p->dqa is dq itself, cleared unless
+// accumulating (*sums = NULL); else fp32 sums at ws (B Sq H columns of D
+// rounded up to 4), zeroed. mma_dq_sums_end converts the sums into dq.
+cp_status mma_dq_sums_begin(state *s, attn_params *p, void *ws, float **sums);
+cp_status mma_dq_sums_end(state *s, const attn_params &p, const float *sums);
 // The Hopper (sm_90a, wgmma) forward: for F16 / BF16, padded head dims 64 and
 // 128, aligned rows, on a cc 9.0 device of a build with sm_90a code (with
 // p.rects, the rectangle forward: attn_wgmma_fwd.cu, fwd_wgmma_rect_kernel).

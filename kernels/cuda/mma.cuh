@@ -717,6 +717,58 @@ inline int dq_smem(int DP)
     return tile_bytes(2 * DQ_BQ + 2 * dq_bk(DP), DP);
 }
 
+// ---------------------------------------------------------------------------
+// Backward pieces shared by the dense and the rectangle dK/dV kernels
+// (attn_mma_bwd.cu, attn_mma_rect.cu).
+
+// The atomic variant keeps dS^T of the query tile in shared memory, stored
+// [key][query] (the layout its registers hold), for the dQ product.
+__host__ __device__ constexpr int ds_pitch(int DP) { return dkdv_bq(DP) + 8; }
+
+// dK/dV blocks of NW warps own 16 NW keys: the deterministic variant uses 4
+// (DKDV_BK = 64 keys); the atomic one 4 or 8 (INFINICP_CUDA_BWD_WARPS,
+// tuning: 128 keys halve the reductions and the Q / dO tile loads per key).
+inline int dkdv_smem_nw(int DP, int NW, bool atomic)
+{
+    const int BK = 16 * NW, BQ = dkdv_bq(DP);
+    return tile_bytes(2 * BK + 2 * BQ, DP) + 2 * BQ * 4 + (atomic ? BK * ds_pitch(DP) * 2 : 0);
+}
+
+// A operand (16 rows from m0, k columns [k0, k0 + 16)) from a tile stored
+// [k][m] (m contiguous), through the transposing load.
+template <int PITCH, typename T>
+__device__ __forceinline__ void load_a_km(uint32_t (&a)[4], const T *tile, int m0, int k0, int lane)
+{
+    ldsm_x4_t(a, tile + (k0 + (lane >> 4) * 8 + (lane & 7)) * PITCH + m0 + ((lane >> 3) & 1) * 8);
+}
+
+// dQ rows [i0 + 16 wm, +16) x columns [col0, col0 + NC) of query head h from
+// dS (in dSs, [key][query]) and the K tile: dq += dS K, added into p.dqa.
+template <typename T, int DP, int BK, int NC>
+__device__ __forceinline__ void add_dq(const attn_params &p, const T *dSs, const T *Ks, int64_t b, int h,
+                                       int64_t i0, int wm, int col0, int lane)
+{
+    constexpr int PITCH = DP + 8, SP = ds_pitch(DP);
+    const int g = lane >> 2, tq = lane & 3;
+    float acc[NC / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < NC / 8; nb++)
+        acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+        uint32_t a[4];
+        load_a_km<SP>(a, dSs, wm * 16, kk * 16, lane);
+#pragma unroll
+        for (int nb2 = 0; nb2 < NC / 16; nb2++) {
+            uint32_t bb[4];
+            load_b_kn<PITCH>(bb, Ks, col0 + nb2 * 16, kk * 16, lane);
+            mma16816<T>(acc[2 * nb2], a, bb[0], bb[1]);
+            mma16816<T>(acc[2 * nb2 + 1], a, bb[2], bb[3]);
+        }
+    }
+    add_dq_rows(p, acc, b, h, i0 + wm * 16 + g, col0, tq);
+}
+
 } // namespace mma
 } // namespace cu
 
