@@ -56,8 +56,9 @@ static cp_status to_host(cp_context *ctx, void *dst, const void *src, size_t byt
     return s == CP_SUCCESS ? ctx->ops->synchronize(ctx->state) : s;
 }
 
-cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, const cp_attn_desc *desc, int P,
-                     int rank, int own_workspace, cpref_result *into, const char **what)
+/* cprun_rank, with c's hook around the calls (c may be NULL). */
+static cp_status rank_run(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, const cp_attn_desc *desc, int P,
+                          int rank, int own_workspace, cpref_result *into, const char **what, const cprun_cfg *c)
 {
     const cpref_shape *sh = &d->sh;
     const cp_layout l = desc->layout;
@@ -92,6 +93,8 @@ cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, cons
             s = to_dev(ctx, b[i], h[i], bytes[i]);
     /* The workspace holds all-ones bytes (NaN in every float type) before
      * each call: a result that reads a byte no step wrote comes out NaN. */
+    if (s == CP_SUCCESS && c && c->calls)
+        c->calls(ctx, 0, own_workspace, c->calls_arg);
     if (s == CP_SUCCESS) {
         *what = "cp_attn_forward";
         if (ws && wf)
@@ -106,6 +109,8 @@ cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, cons
         if (s == CP_SUCCESS)
             s = cp_attn_backward(p, b[0], b[1], b[2], b[3], b[8], b[4], b[5], b[6], b[7], ws, wb);
     }
+    if (s == CP_SUCCESS && c && c->calls)
+        c->calls(ctx, 1, own_workspace, c->calls_arg);
     *what = s == CP_SUCCESS ? "copy to the host" : *what;
     for (int i = 3; i < 9 && s == CP_SUCCESS; i++)
         if (i != 4)
@@ -124,6 +129,12 @@ cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, cons
     if (ws)
         ctx->ops->free(ctx->state, ws);
     return s;
+}
+
+cp_status cprun_rank(cp_context *ctx, cp_attn_plan *p, const cpref_data *d, const cp_attn_desc *desc, int P,
+                     int rank, int own_workspace, cpref_result *into, const char **what)
+{
+    return rank_run(ctx, p, d, desc, P, rank, own_workspace, into, what, NULL);
 }
 
 /* ---- a world of ranks ---------------------------------------------------- */
@@ -160,7 +171,8 @@ static void cprun_main(world_rank *wr, void *arg)
     /* The library's own workspace on some ranks, the caller's on others. */
     const int own = (int)(((unsigned)f->rank + (unsigned)c->mode + c->ws_salt) % 2u);
     const char *what = "";
-    world_fail(wr, cprun_rank(f->ctx, f->plan, j->d, &desc, f->size, f->rank, own, color == 0 ? &j->o->g : NULL, &what),
+    world_fail(wr,
+               rank_run(f->ctx, f->plan, j->d, &desc, f->size, f->rank, own, color == 0 ? &j->o->g : NULL, &what, c),
                what);
 }
 

@@ -45,6 +45,12 @@ typedef struct cprun_cfg {
      * odd, the caller's on the others: a suite that runs a configuration
      * more than once moves the split with the salt. */
     unsigned ws_salt;
+    /* Called on each rank just before its forward (after = 0) and just
+     * after its backward (after = 1), both after its uploads and before
+     * its downloads, with whether the plan uses its own workspace there;
+     * NULL: none. */
+    void (*calls)(cp_context *ctx, int after, int own_workspace, void *arg);
+    void *calls_arg;
 } cprun_cfg;
 
 typedef struct cprun_out {

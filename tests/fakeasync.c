@@ -79,6 +79,7 @@ typedef struct state {
     int current;
     unsigned seed;
     int max_delay_us[CP_BACKEND_MAX_STREAMS]; /* of each stream, made or not yet */
+    fakeasync_waits waits; /* what made the host wait so far (fakeasync_host_waits) */
 } state;
 
 typedef struct event {
@@ -298,6 +299,11 @@ cp_status fakeasync_open(unsigned seed, int max_delay_us, void **out)
     return CP_SUCCESS;
 }
 
+fakeasync_waits fakeasync_host_waits(const void *p)
+{
+    return ((const state *)p)->waits;
+}
+
 cp_status fakeasync_set_delay(void *p, int index, int max_delay_us)
 {
     state *st = p;
@@ -338,12 +344,13 @@ static cp_status fa_set_stream(void *p, void *foreign)
 static cp_status fa_synchronize(void *p)
 {
     state *st = p;
+    st->waits.synchronize++;
     return drain(st->streams[st->current]);
 }
 
 static cp_status fa_alloc(void *p, size_t bytes, void **ptr)
 {
-    (void)p;
+    ((state *)p)->waits.alloc++;
     *ptr = malloc(bytes ? bytes : 1);
     if (!*ptr)
         return cpi_error(CP_ERROR_OUT_OF_MEMORY, "fakeasync: out of memory allocating %zu bytes", bytes);
@@ -359,6 +366,7 @@ static void fa_free(void *p, void *ptr)
     state *st = p;
     if (!ptr)
         return;
+    st->waits.free++;
     for (int i = 0; i < CP_BACKEND_MAX_STREAMS; i++)
         if (st->streams[i])
             drain(st->streams[i]);
@@ -379,6 +387,7 @@ static cp_status fa_copy_2d(void *p, void *dst, size_t dpitch, const void *src, 
         return enqueue(st, &o);
     }
     /* Pageable host memory: after the stream's earlier work, before returning. */
+    st->waits.host_copy++;
     CPI_TRY(drain(st->streams[st->current]));
     copy_rows(dst, dpitch, src, spitch, width, height);
     return CP_SUCCESS;

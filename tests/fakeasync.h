@@ -67,4 +67,13 @@ cp_status fakeasync_open(unsigned seed, int max_delay_us, void **state);
  * by the thread that drives the state. */
 cp_status fakeasync_set_delay(void *state, int index, int max_delay_us);
 
+/* The calls of a state that made (or, for alloc, would make on a GPU, where
+ * cudaMalloc waits for the device) its caller's thread wait for the device,
+ * counted since fakeasync_open: what a call that must not hold the host
+ * (the transports' stream-ordered path) may be checked against. */
+typedef struct fakeasync_waits {
+    unsigned long synchronize, alloc, free, host_copy;
+} fakeasync_waits;
+fakeasync_waits fakeasync_host_waits(const void *state);
+
 #endif

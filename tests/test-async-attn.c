@@ -15,8 +15,8 @@
  * read a buffer before its data arrives, or a transfer overwrite one a
  * kernel still reads, and the results come out wrong.
  *
- * What: modes p2p (P = 2, 3, 4), a2a_p2p with a2a size 2 (P = 2, 4) and
- * a2a (P = 2, 4); contiguous and zigzag layouts; causal and no mask; batch
+ * What: modes all_gather and p2p (P = 2, 3, 4), a2a_p2p with a2a size 2
+ * (P = 2, 4) and a2a (P = 2, 4); contiguous and zigzag layouts; causal and no mask; batch
  * 1 in BSHD and batch 2 in SBHD (the ring sends partial row ranges of a
  * block only where its rows are one byte range, which both are); F32; each
  * configuration with three device seeds, one per speed profile of the
@@ -26,6 +26,10 @@
  * thread (the pretend device runs the CPU kernels, one thread per stream,
  * and a ring that waits where it should computes exactly what it computes
  * in order), and both must be close to the FP64 reference of cpref.c.
+ * And on ranks that pass their own workspace, the forward and backward
+ * never make the host wait for the device (no synchronize, alloc, free or
+ * copy from host memory): on a GPU such a wait holds every rank that
+ * shares it (docs/PERFORMANCE.md, all_gather on one GPU).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -144,7 +148,33 @@ static void close_fake(cp_context *ctx, void *arg)
  * some ranks, the caller's (0xff bytes before each call) on the others,
  * changing with the seed. The caller frees o->g.
  */
-static cp_status run_world(const cpref_data *d, const run_cfg *c, unsigned seed, const speeds *speed, cprun_out *o)
+/* What made each rank's host wait for the pretend device during its forward
+ * and backward (the world rank is the context's device index). */
+#define MAX_P 8
+typedef struct waits_seen {
+    fakeasync_waits before[MAX_P], during[MAX_P];
+    int own_workspace[MAX_P];
+} waits_seen;
+
+static void count_waits(cp_context *ctx, int after, int own_workspace, void *arg)
+{
+    waits_seen *w = arg;
+    const int r = ctx->device_index;
+    if (ctx->ops != fakeasync_ops() || r < 0 || r >= MAX_P)
+        return;
+    const fakeasync_waits now = fakeasync_host_waits(ctx->state);
+    if (!after) {
+        w->before[r] = now;
+        return;
+    }
+    const fakeasync_waits b = w->before[r];
+    w->during[r] = (fakeasync_waits){ now.synchronize - b.synchronize, now.alloc - b.alloc, now.free - b.free,
+                                      now.host_copy - b.host_copy };
+    w->own_workspace[r] = own_workspace;
+}
+
+static cp_status run_world(const cpref_data *d, const run_cfg *c, unsigned seed, const speeds *speed, cprun_out *o,
+                           waits_seen *waits)
 {
     fake_cfg f = { seed, speed };
     const fixture_device fake = { open_fake, close_fake, &f };
@@ -156,7 +186,9 @@ static cp_status run_world(const cpref_data *d, const run_cfg *c, unsigned seed,
                            .A = c->A,
                            .device = speed ? &fake : NULL,
                            /* rank + seed decides, whatever the mode */
-                           .ws_salt = seed + (unsigned)c->mode };
+                           .ws_salt = seed + (unsigned)c->mode,
+                           .calls = waits ? count_waits : NULL,
+                           .calls_arg = waits };
     return cprun_world(d, &rc, o);
 }
 
@@ -213,6 +245,23 @@ static void check_identical(const cpref_shape *sh, const cpref_result *fake, con
     }
 }
 
+/* With the caller's workspace, a rank's forward and backward never make the
+ * host wait for the device: every exchange, reduction included, goes in
+ * stream order, so ranks queue their work and return, as on a GPU. (With
+ * the plan's own workspace its first calls allocate it.) */
+static void check_no_waits(const waits_seen *w, int P, const char *who, const char *cfg)
+{
+    for (int r = 0; r < P && r < MAX_P; r++) {
+        const fakeasync_waits *x = &w->during[r];
+        if (w->own_workspace[r])
+            continue;
+        if (x->synchronize || x->alloc || x->free || x->host_copy)
+            fail_msg("%s %s: rank %d's forward and backward made the host wait for the device: %lu synchronize, "
+                     "%lu alloc, %lu free, %lu host copies",
+                     cfg, who, r, x->synchronize, x->alloc, x->free, x->host_copy);
+    }
+}
+
 /* ---- the configurations ------------------------------------------------- */
 
 static unsigned next_seed = 1;
@@ -224,7 +273,7 @@ static void check_config(const cpref_data *d, const run_cfg *c)
     char cfg[128];
     describe(c, cfg, sizeof cfg);
     cprun_out cpu;
-    if (run_world(d, c, 0, NULL, &cpu) != CP_SUCCESS)
+    if (run_world(d, c, 0, NULL, &cpu, NULL) != CP_SUCCESS)
         fail_msg("%s on CPU contexts: %s", cfg, cpu.error);
     check_reference(d, &cpu.g, "on CPU contexts", cfg);
     for (int k = 0; k < SEEDS; k++) {
@@ -232,10 +281,13 @@ static void check_config(const cpref_data *d, const run_cfg *c)
         cprun_out fake;
         char who[96];
         snprintf(who, sizeof who, "on the pretend device (seed %u, %s)", seed, profiles[k].name);
-        if (run_world(d, c, seed, &profiles[k], &fake) != CP_SUCCESS)
+        waits_seen waits;
+        memset(&waits, 0, sizeof waits);
+        if (run_world(d, c, seed, &profiles[k], &fake, &waits) != CP_SUCCESS)
             fail_msg("%s %s: %s", cfg, who, fake.error);
         check_reference(d, &fake.g, who, cfg);
         check_identical(&d->sh, &fake.g, &cpu.g, who, cfg);
+        check_no_waits(&waits, c->P, who, cfg);
         cprun_out_free(&fake);
     }
     cprun_out_free(&cpu);
@@ -267,6 +319,15 @@ static void matrix(cp_mode mode, int A, const int *sizes, int nsizes)
                   mode_names[mode], runs, SEEDS);
 }
 
+/* K / V all-gathered, dK / dV reduce-scattered (their staging in the
+ * plan's workspace). */
+static void test_all_gather(void **state)
+{
+    (void)state;
+    static const int sizes[] = { 2, 3, 4 };
+    matrix(CP_MODE_ALL_GATHER, 1, sizes, 3);
+}
+
 static void test_p2p(void **state)
 {
     (void)state;
@@ -295,6 +356,7 @@ static void test_a2a(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_all_gather),
         cmocka_unit_test(test_p2p),
         cmocka_unit_test(test_a2a_p2p),
         cmocka_unit_test(test_a2a),

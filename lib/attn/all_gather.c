@@ -93,6 +93,11 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
     cpi_tensor dk32 = cpi_tensor_take(p, ws, p->s_loc, d->num_kv_heads, d->head_dim, CP_DTYPE_F32);
     cpi_tensor dv32 = cpi_tensor_take(p, ws, p->s_loc, d->num_kv_heads, d->head_dim_v, CP_DTYPE_F32);
     float *drow = cpi_drow_take(p, ws, p->s_loc, d->num_heads); /* rowsum(dO * O), once per query span */
+    /* the reduce-scatters' staging, so that they neither allocate nor wait */
+    const size_t kcount = g.kblock / cpi_dtype_size(d->dtype), vcount = g.vblock / cpi_dtype_size(d->dtype);
+    const size_t stage_bytes = cpi_reduce_scratch_bytes(kcount > vcount ? kcount : vcount, CP_DTYPE_F32, true);
+    void *stage = cpi_arena_take(ws, stage_bytes);
+    CPI_TRY(cpi_arena_check(ws, "the reduction staging"));
     if (ws->measuring)
         return CP_SUCCESS;
 
@@ -123,10 +128,10 @@ cp_status cpi_all_gather_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_ar
         CPI_TRY(cpi_attend(p, &io, 1));
     }
     cp_xfer x = cpi_group_xfer(p->group);
-    CPI_TRY(cpi_reduce_scatter(p->group->comm, &x, dkg.data, dk32.data, g.kblock / cpi_dtype_size(d->dtype),
-                               CP_DTYPE_F32, CP_REDUCE_SUM));
-    CPI_TRY(cpi_reduce_scatter(p->group->comm, &x, dvg.data, dv32.data, g.vblock / cpi_dtype_size(d->dtype),
-                               CP_DTYPE_F32, CP_REDUCE_SUM));
+    CPI_TRY(cpi_reduce_scatter_ws(p->group->comm, &x, dkg.data, dk32.data, kcount, CP_DTYPE_F32, CP_REDUCE_SUM,
+                                  stage, stage_bytes));
+    CPI_TRY(cpi_reduce_scatter_ws(p->group->comm, &x, dvg.data, dv32.data, vcount, CP_DTYPE_F32, CP_REDUCE_SUM,
+                                  stage, stage_bytes));
     CPI_TRY(cpi_convert_tensor(p, &dq, &dq32));
     CPI_TRY(cpi_convert_tensor(p, &dk, &dk32));
     return cpi_convert_tensor(p, &dv, &dv32);

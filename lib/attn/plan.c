@@ -355,6 +355,8 @@ static void plan_free(cp_attn_plan *p)
     free_token_sets(p);
     if (p->own_ws)
         p->ctx->ops->free(p->ctx->state, p->own_ws);
+    if (p->neg_inf)
+        p->ctx->ops->free(p->ctx->state, p->neg_inf);
     free(p);
 }
 
@@ -415,6 +417,8 @@ CP_EXPORT cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, c
         s = measure(p, 0, &p->ws_fwd);
     if (s == CP_SUCCESS)
         s = measure(p, 1, &p->ws_bwd);
+    if (s == CP_SUCCESS)
+        s = cpi_plan_neg_inf_row(p);
     if (s != CP_SUCCESS) {
         plan_free(p);
         return s;

@@ -56,6 +56,7 @@ struct cp_attn_plan {
     size_t ws_fwd, ws_bwd;
     void *own_ws;        /* allocated on demand when the caller passes none */
     size_t own_ws_bytes;
+    float *neg_inf;      /* device contexts: a row of -inf for LSE resets (cpi_plan_neg_inf_row) */
 };
 
 /* Attention of the query rows of tokset tq (tensor q, rows as in tq) against

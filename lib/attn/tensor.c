@@ -134,25 +134,48 @@ cp_status cpi_zero(const cp_attn_plan *p, const cpi_tensor *t)
     return p->ctx->ops->memset(p->ctx->state, t->data, 0, cpi_tensor_bytes(p, t));
 }
 
+/* -inf (0xff800000) is no byte pattern memset can write, so LSE resets copy
+ * it from a row of NEG_INF_ROW floats: on the host from the stack, on a
+ * device from the plan's copy there (cpi_plan_neg_inf_row), since a copy
+ * from host memory would make the host wait for the stream in every call. */
+enum { NEG_INF_ROW = 1024 };
+
+static void neg_inf_row(float *row)
+{
+    for (int i = 0; i < NEG_INF_ROW; i++)
+        row[i] = -INFINITY;
+}
+
+cp_status cpi_plan_neg_inf_row(cp_attn_plan *p)
+{
+    if (p->ctx->device == CP_DEVICE_CPU || p->neg_inf)
+        return CP_SUCCESS;
+    float row[NEG_INF_ROW];
+    neg_inf_row(row);
+    CPI_TRY(p->ctx->ops->alloc(p->ctx->state, sizeof row, (void **)&p->neg_inf));
+    return p->ctx->ops->copy_2d(p->ctx->state, p->neg_inf, 0, row, 0, sizeof row, 1, CP_COPY_HOST_TO_DEVICE);
+}
+
 cp_status cpi_init_partial(const cp_attn_plan *p, const cpi_tensor *o32, const cpi_lse *lse)
 {
     CPI_TRY(cpi_zero(p, o32));
-    /* -inf (0xff800000) is no byte pattern memset can write: one host row of
-     * it goes to the start of the buffer, and copies inside the buffer
-     * double the filled part until it is full (log2(n / CHUNK) copies; a
-     * row-sized copy per CHUNK floats cost 2 ms at S = 32k, 16 heads). */
     if (lse->lo)
         CPI_TRY(p->ctx->ops->memset(p->ctx->state, lse->lo, 0, lse_bytes(p, lse)));
+    /* One row of -inf at the start of the buffer, then copies inside the
+     * buffer double the filled part until it is full (log2(n / NEG_INF_ROW)
+     * copies; a copy per row of floats cost 2 ms at S = 32k, 16 heads). */
     const size_t n = (size_t)p->desc.batch * (size_t)lse->heads * (size_t)lse->ntok;
-    enum { CHUNK = 1024 };
-    float row[CHUNK];
-    for (int i = 0; i < CHUNK; i++)
-        row[i] = -INFINITY;
-    const int cpu = p->ctx->device == CP_DEVICE_CPU;
-    size_t have = n < CHUNK ? n : CHUNK;
-    if (have)
+    size_t have = n < NEG_INF_ROW ? n : NEG_INF_ROW;
+    if (have && p->neg_inf) {
+        CPI_TRY(p->ctx->ops->copy_2d(p->ctx->state, lse->data, 0, p->neg_inf, 0, have * sizeof(float), 1,
+                                     local_kind(p)));
+    } else if (have) {
+        float row[NEG_INF_ROW];
+        neg_inf_row(row);
+        const int cpu = p->ctx->device == CP_DEVICE_CPU;
         CPI_TRY(p->ctx->ops->copy_2d(p->ctx->state, lse->data, 0, row, 0, have * sizeof(float), 1,
                                      cpu ? CP_COPY_HOST_TO_HOST : CP_COPY_HOST_TO_DEVICE));
+    }
     for (; have < n; have *= 2) {
         size_t m = n - have < have ? n - have : have;
         CPI_TRY(p->ctx->ops->copy_2d(p->ctx->state, lse->data + have, 0, lse->data, 0, m * sizeof(float), 1,

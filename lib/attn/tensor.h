@@ -59,6 +59,10 @@ cp_status cpi_copy_lse(const cp_attn_plan *p, const cpi_lse *dst, int64_t dst_ro
 cp_status cpi_convert_tensor(const cp_attn_plan *p, const cpi_tensor *dst, const cpi_tensor *src);
 /* O = 0 (F32), LSE = -inf, its residual 0. */
 cp_status cpi_init_partial(const cp_attn_plan *p, const cpi_tensor *o32, const cpi_lse *lse);
+/* On a device context, p->neg_inf: the -inf row cpi_init_partial copies
+ * LSE resets from on the device (made once; a copy from host memory would
+ * hold the host in every call). */
+cp_status cpi_plan_neg_inf_row(cp_attn_plan *p);
 cp_status cpi_zero(const cp_attn_plan *p, const cpi_tensor *t);
 
 #endif

@@ -77,6 +77,12 @@ cp_status cpi_all_gather(cp_comm *c, const cp_xfer *x, const void *send, void *r
 cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
                              cp_dtype dtype, cp_reduce_op op)
 {
+    return cpi_reduce_scatter_ws(c, x, send, recv, count, dtype, op, NULL, 0);
+}
+
+cp_status cpi_reduce_scatter_ws(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
+                                cp_dtype dtype, cp_reduce_op op, void *scratch, size_t scratch_bytes)
+{
     static const char name[] = "reduce_scatter";
     size_t block, total;
     CPI_TRY(check_comm(name, c, x));
@@ -86,6 +92,9 @@ cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, voi
     CPI_TRY(check_buffer(name, "send", send, total));
     CPI_TRY(check_buffer(name, "recv", recv, block));
     cp_xfer r = cpi_xfer_resolve(x);
+    if (scratch && c->caps && c->caps->reduce_scatter_ws)
+        return exchanged(c, c->caps->reduce_scatter_ws(c->impl, &r, send, recv, count, dtype, op, scratch,
+                                                       scratch_bytes));
     return exchanged(c, c->ops->reduce_scatter(c->impl, &r, send, recv, count, dtype, op));
 }
 

@@ -22,6 +22,10 @@ typedef struct cpi_transport_caps {
     /* Whether a peer's reject failed this rank's last call, and its origin
      * and status. */
     bool (*rejected)(const void *impl, int *origin, cp_status *s);
+    /* reduce_scatter that stages in the caller's scratch (on the buffers'
+     * device) where it fits, instead of memory of its own; may be NULL. */
+    cp_status (*reduce_scatter_ws)(void *impl, const cp_xfer *x, const void *send, void *recv, size_t count,
+                                   cp_dtype dtype, cp_reduce_op op, void *scratch, size_t scratch_bytes);
 } cpi_transport_caps;
 
 /* A communicator: one rank's handle on a transport instance. */
@@ -52,6 +56,11 @@ cp_status cpi_comm_split(cp_comm *c, int color, int key, int timeout_ms, cp_comm
  * host memory is served by the CPU backend, whose copies, conversions and
  * reductions need no state. Transports then always have a table. */
 cp_xfer cpi_xfer_resolve(const cp_xfer *x);
+
+/* Scratch bytes the in-process transport stages a reduction of count
+ * elements in (cpi_reduce_scatter_ws; recv_apart: recv does not overlap
+ * this rank's send). */
+size_t cpi_reduce_scratch_bytes(size_t count, cp_dtype dtype, bool recv_apart);
 
 /* Default wait for peers where no group supplies one (CP_GROUP_CONFIG_INIT). */
 #define CPI_DEFAULT_TIMEOUT_MS 300000

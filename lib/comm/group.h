@@ -25,6 +25,16 @@ static inline cp_xfer cpi_group_xfer(const cp_group *g)
 cp_status cpi_all_gather(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes);
 cp_status cpi_reduce_scatter(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
                              cp_dtype dtype, cp_reduce_op op);
+/*
+ * reduce_scatter whose staging may use scratch (on the buffers' device,
+ * aligned to 256 bytes), which then must stay untouched until the work
+ * queued by this call is done (stream order suffices): the in-process
+ * transport stages there instead of allocating, freeing and waiting on the
+ * host; other transports need none. cpi_reduce_scratch_bytes (comm.h) is
+ * what it uses.
+ */
+cp_status cpi_reduce_scatter_ws(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t count,
+                                cp_dtype dtype, cp_reduce_op op, void *scratch, size_t scratch_bytes);
 cp_status cpi_all_to_all(cp_comm *c, const cp_xfer *x, const void *send, void *recv, size_t bytes);
 /*
  * all_to_all of strided blocks, without packing them first: block j of this

@@ -502,23 +502,71 @@ static cp_status local_barrier(void *impl, const cp_xfer *xin)
 /*
  * Reductions accumulate in a buffer of their own on this rank's device:
  * F32 for F16/BF16 inputs (so a sum over any number of ranks is rounded to
- * the storage type once), the input type otherwise. Peers' blocks are first
- * copied to this device, so kernels only touch local memory.
+ * the storage type once), the input type otherwise - or, when nothing is
+ * widened and recv is apart from this rank's send, in recv itself. Peers'
+ * blocks are first copied to this device, so kernels only touch local
+ * memory.
+ *
+ * The staging comes from the caller's scratch where it fits
+ * (cpi_reduce_scatter_ws, with cpi_reduce_scratch_bytes: the plans pass
+ * their workspace), and then nothing is allocated or freed and the host
+ * never waits, as for every other collective. Otherwise it is allocated
+ * here, and freed after a host wait, since queued work still uses it.
  */
 typedef struct stage {
     cp_dtype dtype, wide; /* storage and accumulation types */
     size_t count, chunk;
-    void *acc;            /* count elements of wide */
+    void *acc;            /* count elements of wide (recv itself when it may be) */
     void *raw;            /* chunk elements of dtype: a peer's block */
     void *widened;        /* chunk elements of wide (only when wide != dtype) */
+    bool owned;           /* acc (unless recv), raw and widened allocated here */
+    bool in_recv;         /* acc is recv: nothing to store at the end */
 } stage;
+
+/* Staging bytes are carved in pieces aligned to 256 bytes. */
+static size_t stage_piece(size_t bytes)
+{
+    return (bytes + 255) & ~(size_t)255;
+}
+
+static void stage_shape(size_t count, cp_dtype dtype, stage *st)
+{
+    st->dtype = dtype;
+    st->wide = dtype == CP_DTYPE_F16 || dtype == CP_DTYPE_BF16 ? CP_DTYPE_F32 : dtype;
+    st->count = count;
+    st->chunk = (count + REDUCE_PIECES - 1) / REDUCE_PIECES;
+    if (st->chunk < REDUCE_MIN_CHUNK)
+        st->chunk = count < REDUCE_MIN_CHUNK ? count : REDUCE_MIN_CHUNK;
+}
+
+/* Bytes of staging for st's shape (its acc too unless in_recv); 0 on
+ * overflow, which the caller's own check reports. */
+static size_t stage_bytes(const stage *st, bool in_recv)
+{
+    size_t esize = cpi_dtype_size(st->dtype), wsize = cpi_dtype_size(st->wide), acc = 0, raw, wid = 0;
+    if ((!in_recv && !cpi_mul(st->count, wsize, &acc)) || !cpi_mul(st->chunk, esize, &raw) ||
+        (st->wide != st->dtype && !cpi_mul(st->chunk, wsize, &wid)))
+        return 0;
+    if (acc > SIZE_MAX / 4 || raw > SIZE_MAX / 4 || wid > SIZE_MAX / 4)
+        return 0;
+    return stage_piece(acc) + stage_piece(raw) + stage_piece(wid);
+}
+
+size_t cpi_reduce_scratch_bytes(size_t count, cp_dtype dtype, bool recv_apart)
+{
+    stage st;
+    stage_shape(count, dtype, &st);
+    return stage_bytes(&st, recv_apart && st.wide == dtype);
+}
 
 static void stage_free(const cp_xfer *x, stage *st)
 {
     const cp_backend_ops *b = x->backend;
+    if (!st->owned)
+        return;
     if (st->acc || st->raw || st->widened)
         b->synchronize(x->backend_state); /* queued work may still use them */
-    if (st->acc)
+    if (st->acc && !st->in_recv)
         b->free(x->backend_state, st->acc);
     if (st->raw)
         b->free(x->backend_state, st->raw);
@@ -526,19 +574,31 @@ static void stage_free(const cp_xfer *x, stage *st)
         b->free(x->backend_state, st->widened);
 }
 
-static cp_status stage_alloc(const cp_xfer *x, size_t count, cp_dtype dtype, stage *st)
+/* in_recv: recv may hold the sums (it is apart from this rank's send). */
+static cp_status stage_alloc(const cp_xfer *x, size_t count, cp_dtype dtype, void *recv, bool recv_apart,
+                             void *scratch, size_t scratch_bytes, stage *st)
 {
     const cp_backend_ops *b = x->backend;
-    st->dtype = dtype;
-    st->wide = dtype == CP_DTYPE_F16 || dtype == CP_DTYPE_BF16 ? CP_DTYPE_F32 : dtype;
-    st->count = count;
-    st->chunk = (count + REDUCE_PIECES - 1) / REDUCE_PIECES;
-    if (st->chunk < REDUCE_MIN_CHUNK)
-        st->chunk = count < REDUCE_MIN_CHUNK ? count : REDUCE_MIN_CHUNK;
+    stage_shape(count, dtype, st);
+    st->in_recv = recv_apart && st->wide == dtype;
     size_t esize = cpi_dtype_size(dtype), wsize = cpi_dtype_size(st->wide), acc_bytes;
     if (!cpi_mul(count, wsize, &acc_bytes))
         return cpi_error(CP_ERROR_INVALID_ARGUMENT, "local reduction: count = %zu overflows", count);
-    CPI_TRY(b->alloc(x->backend_state, acc_bytes, &st->acc));
+    const size_t need = stage_bytes(st, st->in_recv);
+    if (scratch && need && need <= scratch_bytes) {
+        char *p = scratch;
+        st->acc = st->in_recv ? recv : p;
+        p += st->in_recv ? 0 : stage_piece(acc_bytes);
+        st->raw = p;
+        p += stage_piece(st->chunk * esize);
+        st->widened = st->wide != dtype ? p : NULL;
+        return CP_SUCCESS;
+    }
+    st->owned = true;
+    if (st->in_recv)
+        st->acc = recv;
+    else
+        CPI_TRY(b->alloc(x->backend_state, acc_bytes, &st->acc));
     CPI_TRY(b->alloc(x->backend_state, st->chunk * esize, &st->raw));
     if (st->wide != dtype)
         CPI_TRY(b->alloc(x->backend_state, st->chunk * wsize, &st->widened));
@@ -576,18 +636,25 @@ static cp_status stage_reduce(local_comm *c, const cp_xfer *x, stage *st, size_t
 
 static cp_status stage_store(const cp_xfer *x, const stage *st, void *recv)
 {
+    if (st->in_recv)
+        return CP_SUCCESS;
     if (st->wide != st->dtype)
         return x->backend->convert(x->backend_state, recv, st->dtype, st->acc, st->wide, st->count);
     return copy(x, recv, st->acc, st->count * cpi_dtype_size(st->dtype));
 }
 
 static cp_status local_reduce(local_comm *c, const cp_xfer *xin, cpi_call_kind kind, const void *send,
-                              void *recv, size_t count, cp_dtype dtype, cp_reduce_op op)
+                              void *recv, size_t count, cp_dtype dtype, cp_reduce_op op, void *scratch,
+                              size_t scratch_bytes)
 {
     cp_xfer x = cpi_xfer_resolve(xin);
     stage st = { 0 };
     cpi_call call = cpi_call_make(kind, count, (int)dtype, (int)op);
-    call.status = (int32_t)stage_alloc(&x, count, dtype, &st);
+    /* the caller has checked that these products do not overflow */
+    const size_t esize = cpi_dtype_size(dtype);
+    const size_t send_bytes = count * esize * (kind == CPI_CALL_REDUCE_SCATTER ? (size_t)c->w->size : 1);
+    const bool apart = !cpi_overlap(send, send_bytes, recv, count * esize);
+    call.status = (int32_t)stage_alloc(&x, count, dtype, recv, apart, scratch, scratch_bytes, &st);
     cp_status s = enter(c, &x, call, send, x.timeout_ms, true);
     if (s == CP_SUCCESS) {
         size_t first = kind == CPI_CALL_REDUCE_SCATTER ? (size_t)c->rank * count : 0;
@@ -603,13 +670,20 @@ static cp_status local_reduce(local_comm *c, const cp_xfer *xin, cpi_call_kind k
 static cp_status local_all_reduce(void *impl, const cp_xfer *x, const void *send, void *recv, size_t count,
                                   cp_dtype dtype, cp_reduce_op op)
 {
-    return local_reduce(impl, x, CPI_CALL_ALL_REDUCE, send, recv, count, dtype, op);
+    return local_reduce(impl, x, CPI_CALL_ALL_REDUCE, send, recv, count, dtype, op, NULL, 0);
 }
 
 static cp_status local_reduce_scatter(void *impl, const cp_xfer *x, const void *send, void *recv,
                                       size_t count, cp_dtype dtype, cp_reduce_op op)
 {
-    return local_reduce(impl, x, CPI_CALL_REDUCE_SCATTER, send, recv, count, dtype, op);
+    return local_reduce(impl, x, CPI_CALL_REDUCE_SCATTER, send, recv, count, dtype, op, NULL, 0);
+}
+
+static cp_status local_reduce_scatter_ws(void *impl, const cp_xfer *x, const void *send, void *recv,
+                                         size_t count, cp_dtype dtype, cp_reduce_op op, void *scratch,
+                                         size_t scratch_bytes)
+{
+    return local_reduce(impl, x, CPI_CALL_REDUCE_SCATTER, send, recv, count, dtype, op, scratch, scratch_bytes);
 }
 
 /* ---- agreement ---------------------------------------------------------- */
@@ -734,6 +808,7 @@ static const cp_transport_ops local_transport = {
 static const cpi_transport_caps local_caps = {
     .reject = local_reject,
     .rejected = local_rejected,
+    .reduce_scatter_ws = local_reduce_scatter_ws,
 };
 
 CP_EXPORT cp_status cp_comm_create_local(int nranks, cp_comm **comms)
