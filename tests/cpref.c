@@ -5,11 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "storage.h"
+
 /* ---- storage types, modelled independently of the library ---- */
+/* (FP8 E4M3 by storage.c's model of the format.) */
 
 size_t cpref_dtype_size(cp_dtype t)
 {
-    return t == CP_DTYPE_F64 ? 8 : t == CP_DTYPE_F32 ? 4 : 2;
+    return t == CP_DTYPE_F64 ? 8 : t == CP_DTYPE_F32 ? 4 : t == CP_DTYPE_FP8_E4M3 ? 1 : 2;
 }
 
 static uint16_t to_bf16(float f)
@@ -36,6 +39,7 @@ double cpref_round(double x, cp_dtype t)
     case CP_DTYPE_F32: return (float)x;
     case CP_DTYPE_F16: return (double)(_Float16)(float)x;
     case CP_DTYPE_BF16: return from_bf16(to_bf16((float)x));
+    case CP_DTYPE_FP8_E4M3: return ref_round(x, t);
     }
     return x;
 }
@@ -48,6 +52,7 @@ void cpref_store(void *dst, cp_dtype t, const double *src, size_t n)
         case CP_DTYPE_F32: ((float *)dst)[i] = (float)src[i]; break;
         case CP_DTYPE_F16: ((_Float16 *)dst)[i] = (_Float16)(float)src[i]; break;
         case CP_DTYPE_BF16: ((uint16_t *)dst)[i] = to_bf16((float)src[i]); break;
+        case CP_DTYPE_FP8_E4M3: ref_store(dst, t, i, src[i]); break;
         }
     }
 }
@@ -60,6 +65,7 @@ void cpref_load(double *dst, const void *src, cp_dtype t, size_t n)
         case CP_DTYPE_F32: dst[i] = ((const float *)src)[i]; break;
         case CP_DTYPE_F16: dst[i] = (double)((const _Float16 *)src)[i]; break;
         case CP_DTYPE_BF16: dst[i] = from_bf16(((const uint16_t *)src)[i]); break;
+        case CP_DTYPE_FP8_E4M3: dst[i] = ref_load(src, t, i); break;
         }
     }
 }

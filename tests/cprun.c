@@ -71,9 +71,12 @@ static cp_status rank_run(cp_context *ctx, cp_attn_plan *p, const cpref_data *d,
         return s;
     const int64_t n = sh->S / P;
     const size_t es = cpref_dtype_size(t);
+    /* FP8 plans (API 1.2): forward only, out in BF16, descales 1 */
+    const int fp8 = t == CP_DTYPE_FP8_E4M3;
+    const cp_dtype ot = fp8 ? CP_DTYPE_BF16 : t;
     /* q k v out dout dq dk dv, then lse */
     const size_t bytes[9] = { nelem(sh, n, sh->H, sh->D) * es,   nelem(sh, n, sh->Hkv, sh->D) * es,
-                              nelem(sh, n, sh->Hkv, sh->Dv) * es, nelem(sh, n, sh->H, sh->Dv) * es,
+                              nelem(sh, n, sh->Hkv, sh->Dv) * es, nelem(sh, n, sh->H, sh->Dv) * cpref_dtype_size(ot),
                               nelem(sh, n, sh->H, sh->Dv) * es,  nelem(sh, n, sh->H, sh->D) * es,
                               nelem(sh, n, sh->Hkv, sh->D) * es, nelem(sh, n, sh->Hkv, sh->Dv) * es,
                               nelem(sh, n, sh->H, 1) * sizeof(float) };
@@ -102,7 +105,7 @@ static cp_status rank_run(cp_context *ctx, cp_attn_plan *p, const cpref_data *d,
         if (s == CP_SUCCESS)
             s = cp_attn_forward(p, b[0], b[1], b[2], b[3], b[8], ws, wf);
     }
-    if (s == CP_SUCCESS) {
+    if (s == CP_SUCCESS && !fp8) {
         *what = "cp_attn_backward";
         if (ws && wb)
             s = ctx->ops->memset(ctx->state, ws, 0xff, wb);
@@ -113,11 +116,13 @@ static cp_status rank_run(cp_context *ctx, cp_attn_plan *p, const cpref_data *d,
         c->calls(ctx, 1, own_workspace, c->calls_arg);
     *what = s == CP_SUCCESS ? "copy to the host" : *what;
     for (int i = 3; i < 9 && s == CP_SUCCESS; i++)
-        if (i != 4)
+        if (i != 4 && (!fp8 || i == 3 || i == 8))
             s = to_host(ctx, h[i], b[i], bytes[i]);
     if (s == CP_SUCCESS && into) {
-        cpref_unshard(sh, l, P, rank, f, t, h[3], sh->H, sh->Dv, into->out);
+        cpref_unshard(sh, l, P, rank, f, ot, h[3], sh->H, sh->Dv, into->out);
         cpref_unshard_lse(sh, l, P, rank, h[8], into->lse);
+    }
+    if (s == CP_SUCCESS && into && !fp8) {
         cpref_unshard(sh, l, P, rank, f, t, h[5], sh->H, sh->D, into->dq);
         cpref_unshard(sh, l, P, rank, f, t, h[6], sh->Hkv, sh->D, into->dk);
         cpref_unshard(sh, l, P, rank, f, t, h[7], sh->Hkv, sh->Dv, into->dv);

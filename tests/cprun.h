@@ -11,7 +11,8 @@ cp_attn_desc cprun_desc(const cpref_shape *sh, cp_dtype dtype, cp_format format,
 
 /*
  * Shard d's inputs for rank `rank` of P, move them to the device of ctx (the
- * plan's context), run forward and backward on plan p
+ * plan's context), run forward and backward on plan p (an FP8 plan: the
+ * forward alone, out in BF16, its dq, dk, dv left as they were)
  * (with the plan's own workspace when own_workspace, else a caller-side
  * buffer of exactly the reported size), and, when `into` is not NULL,
  * write this rank's results into the global tensors there. On failure,

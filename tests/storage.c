@@ -6,7 +6,7 @@
 
 size_t ref_dtype_size(cp_dtype t)
 {
-    return t == CP_DTYPE_F64 ? 8 : t == CP_DTYPE_F32 ? 4 : 2;
+    return t == CP_DTYPE_F64 ? 8 : t == CP_DTYPE_F32 ? 4 : t == CP_DTYPE_FP8_E4M3 ? 1 : 2;
 }
 
 /* Format of a binary floating-point type: significand bits (with the hidden
@@ -18,6 +18,7 @@ static void format_of(cp_dtype t, int *bits, int *emin, int *emax)
     case CP_DTYPE_F16: *bits = 11, *emin = -13, *emax = 16; break;
     case CP_DTYPE_BF16: *bits = 8, *emin = -125, *emax = 128; break;
     case CP_DTYPE_F32: *bits = 24, *emin = -125, *emax = 128; break;
+    case CP_DTYPE_FP8_E4M3: *bits = 4, *emin = -5, *emax = 9; break; /* largest 448 = 0.875 2^9 */
     default: *bits = 53, *emin = -1021, *emax = 1024; break;
     }
 }
@@ -33,9 +34,22 @@ double ref_round(double x, cp_dtype t)
         e = emin; /* subnormal: the quantum stops shrinking */
     /* x / 2^(e - bits) rounded to an integer (nearbyint: ties to even) */
     double r = ldexp(nearbyint(ldexp(x, bits - e)), e - bits);
+    if (t == CP_DTYPE_FP8_E4M3)
+        return fabs(r) > 448 ? NAN : r; /* no infinity: S.1111.111 (480's place) is NaN */
     if (fabs(r) >= ldexp(1.0, emax))
         return x > 0 ? INFINITY : -INFINITY;
     return r;
+}
+
+double ref_fp8_e4m3_decode(uint8_t code)
+{
+    const double sign = code & 0x80 ? -1.0 : 1.0;
+    const int e = (code >> 3) & 15, m = code & 7;
+    if (e == 15 && m == 7)
+        return NAN;
+    if (e == 0) /* subnormal: 0.m 2^(1 - 7) */
+        return sign * (m / 8.0) * ldexp(1.0, -6);
+    return sign * (1.0 + m / 8.0) * ldexp(1.0, e - 7);
 }
 
 /* Bits of a value representable in a 16-bit type: 1 sign, `ebits` exponent
@@ -72,6 +86,20 @@ static double decode16(uint16_t h, int ebits)
     return sign * ldexp(1.0 + ldexp((double)f, -fbits), e - bias);
 }
 
+/* The code of x, a value of the format (or NaN). */
+static uint8_t encode8(double x)
+{
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    x = fabs(x);
+    if (isnan(x))
+        return sign | 0x7f;
+    if (x < ldexp(1.0, -6)) /* zero or subnormal: x = m 2^-9 */
+        return sign | (uint8_t)ldexp(x, 9);
+    int e;
+    double f = frexp(x, &e); /* x = f 2^e = (2f) 2^(e - 1), 2f = 1 + m/8 */
+    return sign | (uint8_t)((e - 1 + 7) << 3) | (uint8_t)(ldexp(f, 4) - 8);
+}
+
 void ref_store(void *buf, cp_dtype t, size_t i, double x)
 {
     switch (t) {
@@ -79,6 +107,7 @@ void ref_store(void *buf, cp_dtype t, size_t i, double x)
     case CP_DTYPE_F64: ((double *)buf)[i] = x; break;
     case CP_DTYPE_F16: ((uint16_t *)buf)[i] = encode16(x, 5); break;
     case CP_DTYPE_BF16: ((uint16_t *)buf)[i] = encode16(x, 8); break;
+    case CP_DTYPE_FP8_E4M3: ((uint8_t *)buf)[i] = encode8(x); break;
     }
 }
 
@@ -89,6 +118,7 @@ double ref_load(const void *buf, cp_dtype t, size_t i)
     case CP_DTYPE_F64: return ((const double *)buf)[i];
     case CP_DTYPE_F16: return decode16(((const uint16_t *)buf)[i], 5);
     case CP_DTYPE_BF16: return decode16(((const uint16_t *)buf)[i], 8);
+    case CP_DTYPE_FP8_E4M3: return ref_fp8_e4m3_decode(((const uint8_t *)buf)[i]);
     }
     return NAN;
 }

@@ -14,7 +14,9 @@
 #include <infinicp/infinicp.h>
 
 /* Round x to the nearest value of type t (ties to even), as a double.
- * F32 / F16 / BF16 / F64; F16 and BF16 saturate to +-inf on overflow. */
+ * F32 / F16 / BF16 / F64 / FP8_E4M3; F16 and BF16 saturate to +-inf on
+ * overflow; FP8 E4M3, which has no infinity, gives NaN above 464 (halfway
+ * from its largest value 448 to the 480 its NaN code takes the place of). */
 double ref_round(double x, cp_dtype t);
 
 /* Store x (already representable in t) into element i of buf; read it back. */
@@ -22,6 +24,11 @@ void ref_store(void *buf, cp_dtype t, size_t i, double x);
 double ref_load(const void *buf, cp_dtype t, size_t i);
 
 size_t ref_dtype_size(cp_dtype t);
+
+/* The value of an FP8 E4M3 code, from the format's definition (1 sign, 4
+ * exponent bits of bias 7, 3 mantissa bits, subnormals, S.1111.111 NaN, no
+ * infinities), written apart from the library's decoder. */
+double ref_fp8_e4m3_decode(uint8_t code);
 
 /* A small deterministic generator (xorshift64*) for reproducible inputs. */
 typedef struct {

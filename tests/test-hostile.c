@@ -1013,7 +1013,7 @@ static void row_attn_plan_create(void **state)
     HOSTILE_OUT(p, cp_attn_plan_create(fx.group, NULL, &p), E, "desc is NULL");
     typedef cp_attn_desc T;
     static const field_case cases[] = {
-        INT_CASE(T, dtype, 4, E, "desc->dtype = 4"),
+        INT_CASE(T, dtype, 5, E, "desc->dtype = 5"),
         INT_CASE(T, dtype, -1, E, "desc->dtype = -1"),
         INT_CASE(T, dtype, CP_DTYPE_F64, CP_ERROR_UNSUPPORTED, "CP_DTYPE_F64"),
         INT_CASE(T, format, 2, E, "desc->format = 2"),
@@ -1295,7 +1295,10 @@ static void ex_plan(cp_layout layout, int sinks, int backward, const cp_attn_arg
     ex.backward = backward;
 }
 
-/* What API 1.1's x carries, against plans that do and do not take it. */
+/* The first published cp_attn_args (API 1.1) ends at workspace_bytes. */
+#define ARGS_V11 (offsetof(cp_attn_args, workspace_bytes) + sizeof(size_t))
+
+/* What API 1.1's and 1.2's x carries, against plans that do and do not take it. */
 static void hostile_attn_args(const char *func, int backward)
 {
     const cp_attn_args init = CP_ATTN_ARGS_INIT;
@@ -1307,7 +1310,7 @@ static void hostile_attn_args(const char *func, int backward)
     ex.p = fx.plan;
     ex.backward = backward;
     assert_int_equal(call_attn_ex(NULL), CP_SUCCESS);
-    run_struct_sizes("x", &x, sizeof x, sizeof x, call_attn_ex);
+    run_struct_sizes("x", &x, sizeof x, ARGS_V11, call_attn_ex);
     x.pack = fx.pack1;
     snprintf(needle, sizeof needle, "%s: x->pack is set but the plan's layout is 0", func);
     HOSTILE(call_attn_ex(&x), E, needle);
@@ -1317,6 +1320,16 @@ static void hostile_attn_args(const char *func, int backward)
     x = init;
     x.dsinks = buf.dsinks;
     HOSTILE(call_attn_ex(&x), E, "x->dsinks is set but the plan has desc->sinks = 0");
+    /* API 1.2: descales are an FP8 plan's */
+    x = init;
+    static const field_case descale_cases[] = {
+        SHIFT_CASE(T, q_descale, 4, "x->q_descale is set but the plan's desc->dtype = 0 (F32)"),
+        SHIFT_CASE(T, k_descale, 4, "x->k_descale is set but the plan's desc->dtype = 0 (F32)"),
+        SHIFT_CASE(T, v_descale, 4, "x->v_descale is set but the plan's desc->dtype = 0 (F32)"),
+        INT_CASE(T, descale_per_head, 2, E, "x->descale_per_head = 2"),
+        INT_CASE(T, descale_per_head, INT_MIN, E, "x->descale_per_head = -2147483648"),
+    };
+    run_field_cases(&x, sizeof x, descale_cases, sizeof descale_cases / sizeof descale_cases[0], call_attn_ex);
 
     /* a plan with sinks: they, and in the backward their gradient, are required */
     x = init;
@@ -1361,6 +1374,32 @@ static void hostile_attn_args(const char *func, int backward)
     else
         HOSTILE(cp_attn_forward(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, NULL, 0), E, "CP_LAYOUT_PACKED");
     cp_attn_plan_destroy(ex.p);
+
+    /* an FP8 plan (API 1.2): aligned descales; no backward, refused naming
+     * the dtype after the call's agreement */
+    cp_attn_desc d8 = fx.desc;
+    d8.dtype = CP_DTYPE_FP8_E4M3;
+    ex.p = NULL;
+    if (cp_attn_plan_create(fx.group, &d8, &ex.p) != CP_SUCCESS)
+        fail_msg("an FP8 plan: %s", cp_last_error());
+    ex.backward = backward;
+    x = init;
+    x.q_descale = buf.sinks;
+    if (backward) {
+        HOSTILE(call_attn_ex(&x), CP_ERROR_UNSUPPORTED, "the plan's desc->dtype = CP_DTYPE_FP8_E4M3");
+        HOSTILE(call_attn_ex(NULL), CP_ERROR_UNSUPPORTED, "FP8 plans are forward only");
+        HOSTILE(cp_attn_backward(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, buf.dout, buf.dq, buf.dk, buf.dv, NULL, 0),
+                CP_ERROR_UNSUPPORTED, "cp_attn_backward: the plan's desc->dtype = CP_DTYPE_FP8_E4M3");
+    } else {
+        static const field_case fp8_cases[] = {
+            SHIFT_CASE(T, q_descale, 2, "x->q_descale = "),
+            SHIFT_CASE(T, k_descale, 1, "x->k_descale = "),
+            INT_CASE(T, descale_per_head, 3, E, "x->descale_per_head = 3"),
+        };
+        run_field_cases(&x, sizeof x, fp8_cases, sizeof fp8_cases / sizeof fp8_cases[0], call_attn_ex);
+        assert_int_equal(cp_attn_forward(ex.p, buf.q, buf.k, buf.v, buf.o, buf.lse, NULL, 0), CP_SUCCESS);
+    }
+    cp_attn_plan_destroy(ex.p);
     ex.p = NULL;
 }
 
@@ -1395,7 +1434,7 @@ typedef cp_kernel_attn_args KA;
 
 /* Cases every kernel entry point rejects (shapes, types, strides). */
 #define KERNEL_SHAPE_CASES                                                                             \
-    INT_CASE(KA, dtype, 4, E, "a->dtype = 4"), INT_CASE(KA, dtype, -1, E, "a->dtype = -1"),            \
+    INT_CASE(KA, dtype, 5, E, "a->dtype = 5"), INT_CASE(KA, dtype, -1, E, "a->dtype = -1"),            \
         INT_CASE(KA, dtype, CP_DTYPE_F64, CP_ERROR_UNSUPPORTED, "a->dtype = CP_DTYPE_F64"),            \
         INT_CASE(KA, format, 2, E, "a->format = 2"), INT_CASE(KA, batch, 0, E, "a->batch = 0"),        \
         INT_CASE(KA, batch, -1, E, "a->batch = -1"), INT_CASE(KA, num_heads, 0, E, "a->num_heads = 0"), \
@@ -1423,7 +1462,14 @@ typedef cp_kernel_attn_args KA;
         REAL_CASE(KA, softcap, 1e-300, "a->softcap = 1e-300"),                                         \
         INT_CASE(KA, num_rects, -1, E, "a->num_rects = -1"),                                           \
         INT_CASE(KA, num_rects, INT64_MIN, E, "a->num_rects = -9223372036854775808"),                  \
-        INT_CASE(KA, num_rects, 2, E, "a->rects is NULL with a->num_rects = 2")
+        INT_CASE(KA, num_rects, 2, E, "a->rects is NULL with a->num_rects = 2"),                       \
+        /* API 1.2: descales are for FP8 inputs (these calls are F32) */                               \
+        INT_CASE(KA, o_dtype, CP_DTYPE_FP8_E4M3, E, "a->o_dtype = 4"),                                 \
+        SHIFT_CASE(KA, q_descale, 4, "a->q_descale is set but a->dtype = 0 (F32)"),                    \
+        SHIFT_CASE(KA, k_descale, 8, "a->k_descale is set but a->dtype = 0 (F32)"),                    \
+        SHIFT_CASE(KA, v_descale, 4, "a->v_descale is set but a->dtype = 0 (F32)"),                    \
+        INT_CASE(KA, descale_per_head, 2, E, "a->descale_per_head = 2"),                               \
+        INT_CASE(KA, descale_per_head, -1, E, "a->descale_per_head = -1")
 
 static cp_status call_kernel_forward(const void *a)
 {
@@ -1560,6 +1606,8 @@ static void row_kernel_attn_backward(void **state)
         INT_CASE(KA, drow_ready, 2, E, "a->drow_ready = 2"),
         INT_CASE(KA, drow_ready, -1, E, "a->drow_ready = -1"),
         INT_CASE(KA, drow_ready, 1, E, "a->drow is NULL but a->drow_ready = 1"),
+        /* FP8 is forward only (API 1.2) */
+        INT_CASE(KA, dtype, CP_DTYPE_FP8_E4M3, CP_ERROR_UNSUPPORTED, "a->dtype = CP_DTYPE_FP8_E4M3"),
     };
     run_field_cases(&a, sizeof a, cases, sizeof cases / sizeof cases[0], call_kernel_backward);
     run_struct_sizes("a", &a, sizeof a, KERNEL_ARGS_V1, call_kernel_backward);
@@ -1640,7 +1688,9 @@ static void row_kernel_merge(void **state)
         INT_CASE(T, seq, -1, E, "a->seq = -1"),
         INT_CASE(T, num_heads, 0, E, "a->num_heads = 0"),
         INT_CASE(T, head_dim_v, 0, E, "a->head_dim_v = 0"),
-        INT_CASE(T, o_dtype, 4, E, "a->o_dtype = 4"),
+        INT_CASE(T, o_dtype, 5, E, "a->o_dtype = 5"),
+        INT_CASE(T, o_dtype, CP_DTYPE_FP8_E4M3, E, "a->o_dtype = 4 (CP_DTYPE_FP8_E4M3 is an input type"),
+        INT_CASE(T, o_part_dtype, CP_DTYPE_FP8_E4M3, E, "a->o_part_dtype = 4"),
         INT_CASE(T, o_dtype, CP_DTYPE_F64, CP_ERROR_UNSUPPORTED, "a->o_dtype = CP_DTYPE_F64"),
         INT_CASE(T, o_part_dtype, -1, E, "a->o_part_dtype = -1"),
         NULL_CASE(T, o, "a->o is NULL"),
@@ -1688,7 +1738,7 @@ static void row_ckpt_meta_create(void **state)
     HOSTILE_OUT(m, cp_ckpt_meta_create(fx.topo, NULL, &m), E, "d is NULL");
     typedef cp_attn_desc T;
     static const field_case cases[] = {
-        INT_CASE(T, dtype, 4, E, "d->dtype = 4"),
+        INT_CASE(T, dtype, 5, E, "d->dtype = 5"),
         INT_CASE(T, dtype, -1, E, "d->dtype = -1"),
         INT_CASE(T, format, 2, E, "d->format = 2"),
         INT_CASE(T, seq_len, 0, E, "d->seq_len = 0"),
@@ -1851,6 +1901,8 @@ static void row_grad_all_reduce(void **state)
     HOSTILE(cp_grad_all_reduce(fx.ctx, NULL, g, 8, CP_DTYPE_F32, CP_GRAD_SUM, 0), E, "comm is NULL");
     HOSTILE(cp_grad_all_reduce(fx.ctx, fx.comm, NULL, 8, CP_DTYPE_F32, CP_GRAD_SUM, 0), E, "grad is NULL");
     HOSTILE(cp_grad_all_reduce(fx.ctx, fx.comm, g, 8, (cp_dtype)9, CP_GRAD_SUM, 0), E, "dtype = 9");
+    HOSTILE(cp_grad_all_reduce(fx.ctx, fx.comm, g, 8, CP_DTYPE_FP8_E4M3, CP_GRAD_SUM, 0), E,
+            "dtype = CP_DTYPE_FP8_E4M3");
     HOSTILE(cp_grad_all_reduce(fx.ctx, fx.comm, g, 8, CP_DTYPE_F32, (cp_grad_reduce)7, 0), E, "op = 7");
     HOSTILE(cp_grad_all_reduce(fx.ctx, fx.comm, g, SIZE_MAX, CP_DTYPE_F32, CP_GRAD_SUM, 0), E, "overflows");
     HOSTILE(cp_grad_all_reduce(fx.ctx, fx.comm, g, 8, CP_DTYPE_F32, CP_GRAD_SUM, 3), E, "bucket_bytes = 3");

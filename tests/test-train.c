@@ -106,6 +106,7 @@ static double get(const void *p, cp_dtype t, size_t i)
     case CP_DTYPE_F64: return ((const double *)p)[i];
     case CP_DTYPE_BF16: return bf16_value(((const uint16_t *)p)[i]);
     case CP_DTYPE_F16: return f16_value(((const uint16_t *)p)[i]);
+    case CP_DTYPE_FP8_E4M3: break; /* no type of gradients */
     }
     return NAN;
 }
@@ -117,6 +118,7 @@ static void put(void *p, cp_dtype t, size_t i, double v)
     case CP_DTYPE_F64: ((double *)p)[i] = v; break;
     case CP_DTYPE_BF16: ((uint16_t *)p)[i] = bf16_round((float)v); break;
     case CP_DTYPE_F16: ((uint16_t *)p)[i] = f16_round((float)v); break;
+    case CP_DTYPE_FP8_E4M3: break; /* no type of gradients */
     }
 }
 

@@ -4,6 +4,9 @@
  * cp_kernel_attn_backward on the CPU, beside the machine's single-precision
  * GEMM rate (OpenBLAS sgemm, same number of threads) measured in the same run.
  *
+ * FP8 E4M3 (--dtype fp8, API 1.2) times the forward alone (FP8 has no
+ * backward), with per-tensor descales and a BF16 output.
+ *
  * FLOPs counted: forward 4 * B * H * Sq * Sk * D (Q K^T and P V), halved for
  * the causal mask, or with a sliding window 4 * B * H * D per visible pair;
  * backward 2.5 times the forward (Q K^T recomputed, dP, dV, dQ, dK). Softmax
@@ -60,7 +63,7 @@ static void kernel_usage(FILE *f)
                "Times cp_kernel_attn_forward and cp_kernel_attn_backward on the CPU, beside\n"
                "OpenBLAS sgemm with as many threads.\n\n"
                "options:\n"
-               "  --dtype T     f32, f16 or bf16 (default f32)\n"
+               "  --dtype T     f32, f16, bf16 or fp8 (E4M3, forward only; default f32)\n"
                "  --mask M      causal, none or both (default both)\n"
                "  --batch N     batch size (default 1)\n"
                "  --seq N       sequence length, queries and keys (default 4096)\n"
@@ -86,11 +89,14 @@ static int parse(int argc, char **argv, options *o)
             return 1;
         }
         if (!strcmp(opt, "--dtype")) {
-            if (!v || (strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16"))) {
-                fprintf(stderr, "infinicp-bench: --dtype must be f32, f16 or bf16\n");
+            if (!v || (strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16") && strcmp(v, "fp8"))) {
+                fprintf(stderr, "infinicp-bench: --dtype must be f32, f16, bf16 or fp8\n");
                 return -1;
             }
-            o->dtype = !strcmp(v, "f32") ? CP_DTYPE_F32 : !strcmp(v, "f16") ? CP_DTYPE_F16 : CP_DTYPE_BF16;
+            o->dtype = !strcmp(v, "f32")   ? CP_DTYPE_F32
+                       : !strcmp(v, "f16") ? CP_DTYPE_F16
+                       : !strcmp(v, "fp8") ? CP_DTYPE_FP8_E4M3
+                                           : CP_DTYPE_BF16;
         } else if (!strcmp(opt, "--mask")) {
             if (!v || (strcmp(v, "causal") && strcmp(v, "none") && strcmp(v, "both"))) {
                 fprintf(stderr, "infinicp-bench: --mask must be causal, none or both\n");
@@ -183,7 +189,7 @@ static double sgemm_gflops(int threads)
 
 static size_t dsize(cp_dtype t)
 {
-    return t == CP_DTYPE_F32 ? 4 : 2;
+    return t == CP_DTYPE_F32 ? 4 : t == CP_DTYPE_FP8_E4M3 ? 1 : 2;
 }
 
 /* f in [-1, 1) to binary16 by truncation (tiny values become 0). */
@@ -212,6 +218,8 @@ static void *random_tensor(size_t n, cp_dtype t, unsigned seed)
         memcpy(&u, &f, 4);
         if (t == CP_DTYPE_F32)
             ((float *)p)[i] = f;
+        else if (t == CP_DTYPE_FP8_E4M3) /* sign, exponent 3 .. 7 (1/16 .. 2), mantissa: never NaN */
+            ((uint8_t *)p)[i] = (uint8_t)((x >> 24 & 0x87u) | ((x >> 8) % 5u + 3u) << 3);
         else if (t == CP_DTYPE_BF16)
             ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
         else
@@ -241,7 +249,10 @@ static int run(cp_context *ctx, const options *o, double sgemm, int threads)
     size_t nq = (size_t)(B * S * H * D), nk = (size_t)(B * S * Hk * D), nl = (size_t)(B * H * S);
     void *q = random_tensor(nq, o->dtype, 1), *k = random_tensor(nk, o->dtype, 2),
          *v = random_tensor(nk, o->dtype, 3), *dout = random_tensor(nq, o->dtype, 4);
-    void *out = malloc(nq * dsize(o->dtype)), *dq = malloc(nq * dsize(o->dtype)),
+    /* an FP8 forward writes BF16 */
+    const cp_dtype ot = o->dtype == CP_DTYPE_FP8_E4M3 ? CP_DTYPE_BF16 : o->dtype;
+    static const float descale = 0.5f;
+    void *out = malloc(nq * dsize(ot)), *dq = malloc(nq * dsize(o->dtype)),
          *dk = malloc(nk * dsize(o->dtype)), *dv = malloc(nk * dsize(o->dtype));
     float *lse = malloc(nl * sizeof(float));
     int rc = 0;
@@ -251,7 +262,10 @@ static int run(cp_context *ctx, const options *o, double sgemm, int threads)
         rc = 1;
         goto done;
     }
-    const char *dn = o->dtype == CP_DTYPE_F32 ? "F32" : o->dtype == CP_DTYPE_F16 ? "F16" : "BF16";
+    const char *dn = o->dtype == CP_DTYPE_F32   ? "F32"
+                     : o->dtype == CP_DTYPE_F16 ? "F16"
+                     : o->dtype == CP_DTYPE_BF16 ? "BF16"
+                                                 : "FP8_E4M3 (descales 0.5, out BF16)";
     printf("attention kernels: batch %lld, heads %d (kv %d), seq %lld, head_dim %d, %s, %d thread%s", (long long)B,
            H, Hk, (long long)S, D, dn, threads, threads == 1 ? "" : "s");
     if (o->window)
@@ -278,12 +292,14 @@ static int run(cp_context *ctx, const options *o, double sgemm, int threads)
         a.head_dim = D;
         a.seq_q = a.seq_k = S;
         a.mask = m ? CP_MASK_CAUSAL : CP_MASK_NONE;
-        a.q = q, a.k = k, a.v = v, a.o = out, a.o_dtype = o->dtype, a.lse = lse;
+        a.q = q, a.k = k, a.v = v, a.o = out, a.o_dtype = ot, a.lse = lse;
+        if (o->dtype == CP_DTYPE_FP8_E4M3)
+            a.q_descale = a.k_descale = a.v_descale = &descale;
         a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv, a.grad_dtype = o->dtype;
         a.window = o->window;
         a.softcap = o->softcap;
         double fwd_flops = 4.0 * (double)B * H * D * visible_pairs(S, m, o->window);
-        for (int pass = 0; pass < 2; pass++) {
+        for (int pass = 0; pass < (o->dtype == CP_DTYPE_FP8_E4M3 ? 1 : 2); pass++) {
             size_t bytes;
             cp_status st = cp_kernel_attn_workspace_size(ctx, &a, pass, &bytes);
             free(ws);

@@ -33,7 +33,7 @@ extern "C" {
 /** Major version of the library this header belongs to. */
 #define CP_VERSION_MAJOR 1
 /** Minor version of the library this header belongs to. */
-#define CP_VERSION_MINOR 1
+#define CP_VERSION_MINOR 2
 /** Patch level of the library this header belongs to. */
 #define CP_VERSION_PATCH 0
 /** The header's version in the encoding of cp_version(). */
@@ -91,7 +91,17 @@ typedef enum cp_dtype {
     CP_DTYPE_F32 = 0,  /**< IEEE binary32 */
     CP_DTYPE_F16 = 1,  /**< IEEE binary16 */
     CP_DTYPE_BF16 = 2, /**< bfloat16 */
-    CP_DTYPE_F64 = 3   /**< IEEE binary64 (communication and references) */
+    CP_DTYPE_F64 = 3,  /**< IEEE binary64 (communication and references) */
+    /**
+     * API 1.2: the OCP 8-bit floating-point format E4M3 ("e4m3fn",
+     * PyTorch's torch.float8_e4m3fn): 1 sign bit, 4 exponent bits with bias
+     * 7, 3 mantissa bits, subnormals, no infinities; S.1111.111 is NaN, the
+     * largest finite value 448. An input type of the attention forward
+     * (q, k, v; the output is BF16 or F32), with per-tensor or per-head
+     * descales (::cp_attn_args, ::cp_kernel_attn_args); not a type of
+     * outputs, gradients or reductions.
+     */
+    CP_DTYPE_FP8_E4M3 = 4
 } cp_dtype;
 
 /** Kind of device a context drives. */
@@ -597,7 +607,13 @@ typedef enum cp_format {
 /** Describes one CP attention. Initialise with #CP_ATTN_DESC_INIT. */
 typedef struct cp_attn_desc {
     size_t struct_size;   /**< sizeof(cp_attn_desc) */
-    cp_dtype dtype;       /**< storage type of q, k, v, out and gradients */
+    /**
+     * Storage type of q, k, v, out and gradients. Since 1.2
+     * #CP_DTYPE_FP8_E4M3 makes an FP8 plan: q, k, v are FP8 (scaled by the
+     * descales of ::cp_attn_args), out is #CP_DTYPE_BF16, lse F32; such a
+     * plan is forward only (its backward is #CP_ERROR_UNSUPPORTED).
+     */
+    cp_dtype dtype;
     cp_format format;     /**< memory order */
     int64_t batch;        /**< batch size */
     int64_t seq_len;      /**< GLOBAL sequence length (all ranks together) */
@@ -642,8 +658,9 @@ typedef struct cp_attn_desc {
  * @param desc the attention; see ::cp_attn_desc.
  * @param out receives the plan; NULL on failure.
  * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_UNSUPPORTED (F64,
- *         or heads that an a2a mode cannot split), #CP_ERROR_MISMATCH,
- *         #CP_ERROR_TIMEOUT, #CP_ERROR_COMM or #CP_ERROR_OUT_OF_MEMORY.
+ *         heads that an a2a mode cannot split, or FP8 on a backend without
+ *         FP8 kernels), #CP_ERROR_MISMATCH, #CP_ERROR_TIMEOUT, #CP_ERROR_COMM
+ *         or #CP_ERROR_OUT_OF_MEMORY.
  */
 cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, cp_attn_plan **out);
 
@@ -663,7 +680,8 @@ cp_status cp_attn_workspace_size(const cp_attn_plan *p, size_t *forward, size_t 
  *
  * Tensors hold this rank's tokens (seq_len / P per sample, in the layout's
  * order), dense in the descriptor's format and dtype, on the plan's device,
- * each aligned to its elements. A rank with a bad argument (but @p p) still
+ * each aligned to its elements; an FP8 plan's out is BF16 and its descales
+ * are all 1 here (cp_attn_forward_ex() takes others). A rank with a bad argument (but @p p) still
  * takes part before it fails, so the others fail at once with
  * #CP_ERROR_MISMATCH naming it, and the next call pairs up as usual.
  * @param p the plan.
@@ -699,7 +717,9 @@ cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const v
  * @param workspace device memory of at least the backward workspace size,
  *        aligned to 16 bytes, or NULL.
  * @param workspace_bytes bytes at @p workspace.
- * @return as cp_attn_forward().
+ * @return as cp_attn_forward(); #CP_ERROR_UNSUPPORTED for an FP8 plan
+ *         (forward only), after taking part in the call like any rank with
+ *         a bad argument.
  */
 cp_status cp_attn_backward(cp_attn_plan *p, const void *q, const void *k, const void *v,
                            const void *out, const float *lse, const void *dout,
@@ -822,24 +842,43 @@ typedef struct cp_attn_args {
     float *dsinks;          /**< backward with sinks: receives this rank's [num_heads] share of the gradient */
     void *workspace;        /**< as in cp_attn_forward(); NULL = the plan's own */
     size_t workspace_bytes; /**< bytes at @c workspace */
+    /* API 1.2 (a 1.1 caller's smaller struct_size leaves each NULL / 0) */
+    /**
+     * FP8 plans only (desc.dtype = #CP_DTYPE_FP8_E4M3), forward only: the
+     * dequantisation scale of q; NULL = 1. The value of a stored element is
+     * its decoded FP8 value times the descale. On the plan's device; one
+     * float, or with @c descale_per_head = 1 one per query head. These are
+     * the scales of the whole tensor (GLOBAL head indices, not a rank's
+     * slice): every rank passes equal values. Set with any other dtype:
+     * #CP_ERROR_INVALID_ARGUMENT.
+     */
+    const float *q_descale;
+    /** As @c q_descale for k: one float, or one per kv head (num_kv_heads). */
+    const float *k_descale;
+    /** As @c q_descale for v: one float, or one per kv head (num_kv_heads). */
+    const float *v_descale;
+    /** 0: each descale points to one float (per tensor); 1: to one per head (q: num_heads, k, v: num_kv_heads). */
+    int descale_per_head;
 } cp_attn_args;
 
 /** Zero-initialises every field but struct_size. */
-#define CP_ATTN_ARGS_INIT { sizeof(cp_attn_args), NULL, NULL, NULL, NULL, 0 }
+#define CP_ATTN_ARGS_INIT { sizeof(cp_attn_args), NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0 }
 
 /**
  * @brief CP attention forward with a pack and sinks (collective, API 1.1).
  *
- * As cp_attn_forward(); @p x carries what API 1.1 adds. Ranks passing
- * different packs all get #CP_ERROR_MISMATCH.
+ * As cp_attn_forward(); @p x carries what API 1.1 adds, and since 1.2 the
+ * descales of an FP8 plan (q, k, v in #CP_DTYPE_FP8_E4M3, out in BF16).
+ * Ranks passing different packs all get #CP_ERROR_MISMATCH.
  * @param p the plan.
  * @param q queries (see cp_attn_forward()).
  * @param k keys.
  * @param v values.
  * @param out receives the output.
  * @param lse receives the log-sum-exp (it includes the sink).
- * @param x the pack, sinks and workspace; NULL = #CP_ATTN_ARGS_INIT.
- * @return as cp_attn_forward().
+ * @param x the pack, sinks, descales and workspace; NULL = #CP_ATTN_ARGS_INIT.
+ * @return as cp_attn_forward(); #CP_ERROR_INVALID_ARGUMENT also for descales
+ *         with a plan that is not FP8.
  */
 cp_status cp_attn_forward_ex(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,
                              float *lse, const cp_attn_args *x);
@@ -849,7 +888,9 @@ cp_status cp_attn_forward_ex(cp_attn_plan *p, const void *q, const void *k, cons
  *
  * As cp_attn_backward(). With sinks, x->dsinks receives the gradient of the
  * sinks from this rank's queries; summing it over the group is
- * cp_grad_all_reduce()'s job, as for any replicated parameter.
+ * cp_grad_all_reduce()'s job, as for any replicated parameter. An FP8 plan
+ * has no backward: #CP_ERROR_UNSUPPORTED naming the dtype (since 1.2), after
+ * taking part in the call like any rank with a bad argument.
  * @param p the plan.
  * @param q the forward's queries.
  * @param k the forward's keys.
@@ -906,7 +947,7 @@ typedef struct cp_attn_rect {
  */
 typedef struct cp_kernel_attn_args {
     size_t struct_size;    /**< sizeof(cp_kernel_attn_args) */
-    cp_dtype dtype;        /**< storage type of q, k, v (and dout) */
+    cp_dtype dtype;        /**< storage type of q, k, v (and dout); #CP_DTYPE_FP8_E4M3 forward only (since 1.2) */
     cp_format format;      /**< only used to derive zero strides */
     int64_t batch;         /**< batch size */
     int32_t num_heads;     /**< query heads */
@@ -932,7 +973,7 @@ typedef struct cp_kernel_attn_args {
     /** forward: output; backward: the final forward output; and its strides. @{ */
     void *o; int64_t o_stride_b, o_stride_s, o_stride_h;
     /** @} */
-    cp_dtype o_dtype;      /**< type of o: dtype or #CP_DTYPE_F32 */
+    cp_dtype o_dtype;      /**< type of o: dtype or #CP_DTYPE_F32; with FP8 q, k, v: #CP_DTYPE_BF16 or #CP_DTYPE_F32 */
     /** forward: output; backward: the final log-sum-exp (natural log); and its strides. @{ */
     float *lse; int64_t lse_stride_b, lse_stride_h;
     /** @} */
@@ -1003,6 +1044,28 @@ typedef struct cp_kernel_attn_args {
      */
     const cp_attn_rect *rects;
     int64_t num_rects; /**< entries at @c rects (0 with rects = NULL) */
+
+    /* API 1.2: a backend that does not understand these answers
+     * #CP_ERROR_UNSUPPORTED naming the field when one is set or @c dtype is
+     * #CP_DTYPE_FP8_E4M3. */
+    /**
+     * Forward with @c dtype = #CP_DTYPE_FP8_E4M3 only: the dequantisation
+     * scale of q, NULL = 1 (a stored element's value is its decoded FP8
+     * value times the descale); memory of the context's device (host memory
+     * on a CPU context). One float, or with @c descale_per_head = 1 one per
+     * query head of this call (num_heads). Set with another dtype:
+     * #CP_ERROR_INVALID_ARGUMENT.
+     */
+    const float *q_descale;
+    /** As @c q_descale for k: one float, or one per kv head (num_kv_heads). */
+    const float *k_descale;
+    /** As @c q_descale for v: one float, or one per kv head (num_kv_heads). */
+    const float *v_descale;
+    /**
+     * 0: each descale points to one float; 1: q_descale to num_heads floats,
+     * k_descale and v_descale to num_kv_heads.
+     */
+    int descale_per_head;
 } cp_kernel_attn_args;
 
 /** Zero every field but struct_size, without -Wmissing-field-initializers (helper of the *_INIT macros). */
@@ -1054,16 +1117,20 @@ typedef struct cp_kernel_merge_args {
  * result already in (o, lse). The causal mask compares global positions
  * (key k_offset + j is visible to query q_offset + i iff k_offset + j <=
  * q_offset + i); GQA maps query head h to kv head h / (num_heads /
- * num_kv_heads). Storage types F32, F16, BF16; all arithmetic in fp32. A row
+ * num_kv_heads). Storage types F32, F16, BF16, and since 1.2
+ * #CP_DTYPE_FP8_E4M3 (o in BF16 or F32; scores scale * q_descale *
+ * k_descale * Q K^T, O = v_descale * P V); all arithmetic in fp32. A row
  * that sees no key gets O = 0 and LSE = -inf and, when accumulating, leaves
  * (o, lse) exactly as they were.
  * @param ctx the context the tensors live on.
  * @param a the arguments; see ::cp_kernel_attn_args.
  * @return #CP_SUCCESS; #CP_ERROR_INVALID_ARGUMENT for a NULL, out-of-range or
  *         inconsistent argument (including a workspace smaller than
- *         cp_kernel_attn_workspace_size() reports); #CP_ERROR_UNSUPPORTED for
- *         F64 storage, or a window, softcap or rectangle list the context's
- *         backend does not understand (the message names the field);
+ *         cp_kernel_attn_workspace_size() reports, descales with a dtype
+ *         other than FP8, or an FP8 call's o_dtype other than BF16 or F32);
+ *         #CP_ERROR_UNSUPPORTED for F64 storage, or a window, softcap,
+ *         rectangle list, FP8 dtype or descale the context's backend does not
+ *         understand (the message names the field);
  *         #CP_ERROR_OUT_OF_MEMORY; #CP_ERROR_BACKEND.
  */
 cp_status cp_kernel_attn_forward(cp_context *ctx, const cp_kernel_attn_args *a);
@@ -1074,6 +1141,8 @@ cp_status cp_kernel_attn_forward(cp_context *ctx, const cp_kernel_attn_args *a);
  * From q, k, v, the final forward output o and LSE, and dout, recomputes the
  * probabilities and writes (or with @c a->grad_accumulate = 1 adds) dq, dk,
  * dv, in @c a->grad_dtype. D = rowsum(dout * o) is computed by the call.
+ * Storage types F32, F16, BF16: #CP_DTYPE_FP8_E4M3 is forward only
+ * (#CP_ERROR_UNSUPPORTED naming a->dtype, since 1.2).
  * @param ctx the context the tensors live on.
  * @param a the arguments; see ::cp_kernel_attn_args.
  * @return as cp_kernel_attn_forward().
@@ -1091,8 +1160,8 @@ cp_status cp_kernel_attn_backward(cp_context *ctx, const cp_kernel_attn_args *a)
  * @param backward 0 for the forward, 1 for the backward.
  * @param bytes receives the size; 0 on failure.
  * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, or #CP_ERROR_UNSUPPORTED
- *         for a window, softcap or rectangle list the backend does not
- *         understand.
+ *         for a window, softcap, rectangle list or FP8 dtype the backend
+ *         does not understand, or an FP8 dtype with @p backward = 1.
  */
 cp_status cp_kernel_attn_workspace_size(cp_context *ctx, const cp_kernel_attn_args *a, int backward,
                                         size_t *bytes);
@@ -1106,8 +1175,10 @@ cp_status cp_kernel_attn_workspace_size(cp_context *ctx, const cp_kernel_attn_ar
  * with LSE -inf leaves the row unchanged, bit for bit.
  * @param ctx the context the tensors live on.
  * @param a the arguments; see ::cp_kernel_merge_args.
- * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT, #CP_ERROR_UNSUPPORTED (F64),
- *         #CP_ERROR_OUT_OF_MEMORY or #CP_ERROR_BACKEND.
+ * @return #CP_SUCCESS, #CP_ERROR_INVALID_ARGUMENT (also for
+ *         #CP_DTYPE_FP8_E4M3, which is no type of results),
+ *         #CP_ERROR_UNSUPPORTED (F64), #CP_ERROR_OUT_OF_MEMORY or
+ *         #CP_ERROR_BACKEND.
  */
 cp_status cp_kernel_merge(cp_context *ctx, const cp_kernel_merge_args *a);
 
@@ -1181,7 +1252,8 @@ typedef enum cp_grad_reduce {
  * @param comm the communicator.
  * @param grad @p count elements of @p dtype, replaced by the reduction.
  * @param count elements; 0 still takes part in the comparison.
- * @param dtype #CP_DTYPE_F32, #CP_DTYPE_BF16, #CP_DTYPE_F16 or #CP_DTYPE_F64.
+ * @param dtype #CP_DTYPE_F32, #CP_DTYPE_BF16, #CP_DTYPE_F16 or #CP_DTYPE_F64
+ *        (#CP_DTYPE_FP8_E4M3 is no gradient type: #CP_ERROR_INVALID_ARGUMENT).
  * @param op #CP_GRAD_SUM or #CP_GRAD_AVERAGE.
  * @param bucket_bytes bytes of @p grad per all-reduce, at least one
  *        element; 0 = #CP_GRAD_BUCKET_BYTES_DEFAULT.
@@ -1219,7 +1291,9 @@ cp_status cp_seq_local_len(const cp_topology *t, const cp_attn_desc *d, int64_t 
  *        stage under CP (the hidden states between two layers).
  *
  * The tensor holds batch sequences of local tokens of @p hidden values in
- * the descriptor's dtype: local = seq_len / cp, further divided by tp with
+ * the descriptor's dtype (for an FP8 descriptor BF16, the type of its
+ * attention's output and of the activations around it, since 1.2):
+ * local = seq_len / cp, further divided by tp with
  * #CP_STAGE_SEQUENCE_PARALLEL. In #CP_FORMAT_BSHD order the shape is
  * [batch, local, hidden]; in #CP_FORMAT_SBHD order [local, batch, hidden].
  * Both pipeline neighbours compute the same shape, so they can post their

@@ -40,6 +40,13 @@
  * rectangles, which the workspace size does not know); a query row in
  * several rectangles runs one online softmax through all of them.
  *
+ * FP8 inputs (API 1.2) load like the others, decoded exactly to fp32. Their
+ * descales fold into the factors a unit already applies once: q_descale[h]
+ * k_descale[kvh] into Q's factor (scale * log2(e), or scale / softcap; the
+ * product formed in double and rounded once to fp32), v_descale[kvh] into
+ * the 1 / l that normalises the output (v / l, also rounded once), so the
+ * products and sums are those of the unscaled values.
+ *
  * Softcap c: a score s becomes c tanh(s / c) before the mask. The forward
  * scales Q by scale / c (instead of scale * log2(e)) and maps each computed
  * score x to c log2(e) tanh(x); the backward maps S to c tanh(scale S / c)
@@ -128,6 +135,11 @@ typedef struct {
      * round to 0 there, so softcap is the flag, not cap) */
     bool softcap;
     float cap, cap_in, cap_out;
+    /* forward with FP8 inputs (API 1.2): the descales (NULL = 1), one or
+     * one per head, and Q's factor before them in double */
+    const float *q_descale, *k_descale, *v_descale;
+    bool descaled, descale_per_head;
+    double qf_exact;
     tview q, k, v, o, dout, dq, dk, dv;
     float *lse, *lse_lo;
     int64_t lse_sb, lse_sh;
@@ -163,6 +175,14 @@ static problem make_problem(const cpi_tile_ops *t, const cp_kernel_attn_args *a,
         p.qf = p.cap_in;
         p.sf = (float)LOG2E;
     }
+    if (!backward && (a->q_descale || a->k_descale || a->v_descale)) {
+        p.descaled = true;
+        p.descale_per_head = a->descale_per_head != 0;
+        p.q_descale = a->q_descale;
+        p.k_descale = a->k_descale;
+        p.v_descale = a->v_descale;
+        p.qf_exact = a->softcap != 0 ? a->softmax_scale / a->softcap : a->softmax_scale * LOG2E;
+    }
     p.q = make_view(a->q, a->dtype, a->q_stride_b, a->q_stride_s, a->q_stride_h);
     p.k = make_view(a->k, a->dtype, a->k_stride_b, a->k_stride_s, a->k_stride_h);
     p.v = make_view(a->v, a->dtype, a->v_stride_b, a->v_stride_s, a->v_stride_h);
@@ -187,6 +207,12 @@ static problem make_problem(const cpi_tile_ops *t, const cp_kernel_attn_args *a,
 static inline float *lse_at(const problem *p, int64_t b, int64_t h)
 {
     return p->lse + b * p->lse_sb + h * p->lse_sh;
+}
+
+/* Descale i of d (NULL: 1). */
+static inline double descale(const problem *p, const float *d, int i)
+{
+    return d ? (double)d[p->descale_per_head ? i : 0] : 1.0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -610,9 +636,14 @@ static void fwd_unit(const fwd_job *job, fwd_tiles *f, int64_t b, int h, int64_t
      * CP block of few tokens) touches only the vectors its queries fill. */
     const int w = (int)cpi_pad16(nq);
 
-    /* Q^T, scaled into base 2 (or by scale / softcap); padding columns up to w are 0 */
+    /* Q^T, scaled into base 2 (or by scale / softcap), and by the descales
+     * of q and k; padding columns up to w are 0 */
+    const int kvh = h / p->G;
+    const float qf =
+        p->descaled ? (float)(p->qf_exact * descale(p, p->q_descale, h) * descale(p, p->k_descale, kvh)) : p->qf;
+    const double vd = p->descaled ? descale(p, p->v_descale, kvh) : 1.0;
     for (int i = 0; i < nq; i++) {
-        t->load(f->row, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)D, p->qf);
+        t->load(f->row, row_at(&p->q, b, i0 + i, h), p->q.t, (size_t)D, (size_t)D, qf);
         for (int d = 0; d < D; d++)
             f->qt[(size_t)d * bq16 + i] = f->row[d];
     }
@@ -626,7 +657,7 @@ static void fwd_unit(const fwd_job *job, fwd_tiles *f, int64_t b, int h, int64_t
     memset(f->o, 0, sizeof(float) * (size_t)nq * dv16);
 
     for (int64_t e = job->ix.start[qt]; e < job->ix.start[qt + 1]; e++)
-        fwd_rect(p, f, &job->ix.r[job->ix.list[e]], b, h / p->G, i0, nq);
+        fwd_rect(p, f, &job->ix.r[job->ix.list[e]], b, kvh, i0, nq);
 
     /* normalise and write out (or merge into the running result) */
     float *lse = lse_at(p, b, h) + i0;
@@ -641,7 +672,8 @@ static void fwd_unit(const fwd_job *job, fwd_tiles *f, int64_t b, int h, int64_t
          * it is stored: a merge then rounds once */
         int saw = l != 0; /* true for NaN */
         double lse_blk = saw ? ((double)f->m[i] + log2((double)l)) * LN2 : -INFINITY;
-        float inv = saw ? 1.0f / l : 0.0f;
+        /* v's descale joins the normalisation (rounded once with it) */
+        float inv = !saw ? 0.0f : p->descaled ? (float)(vd / l) : 1.0f / l;
         if (!p->accumulate) {
             t->store(dst, p->o.t, orow, (size_t)Dv, inv, 0);
             lse[i] = (float)lse_blk;

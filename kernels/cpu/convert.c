@@ -3,8 +3,12 @@
  * Element-wise dtype conversion and reduction on host memory. F32 / F16 /
  * BF16 go through the vectorised tile loads and stores (widen exactly, form
  * the sum in fp32, round once to nearest even), in blocks spread over the
- * context's threads; F64 and the MAX reduction take the scalar path.
+ * context's threads; F64, FP8 and the MAX reduction take the scalar path.
+ * FP8 E4M3 converts both ways (decoded exactly, encoded rounding once from
+ * the exact value) but is no type of reductions: a sum of FP8 values has no
+ * FP8 meaning the library could give it.
  */
+#include "core/fp8.h"
 #include "core/half.h"
 #include "kernels/cpu/cpu.h"
 
@@ -20,12 +24,14 @@ static inline double load(const void *p, cp_dtype t, size_t i)
     case CP_DTYPE_F16: return cpi_f16_to_f32(((const uint16_t *)p)[i]);
     case CP_DTYPE_BF16: return cpi_bf16_to_f32(((const uint16_t *)p)[i]);
     case CP_DTYPE_F64: return ((const double *)p)[i];
+    case CP_DTYPE_FP8_E4M3: return cpi_fp8_e4m3_to_f32(((const uint8_t *)p)[i]);
     }
     return 0;
 }
 
 /* Store as type t, rounding once to nearest even (F16/BF16 go through f32,
- * which is exact for any value that came from an F32, F16 or BF16). */
+ * which is exact for any value that came from an F32, F16 or BF16; FP8 is
+ * rounded from the double itself). */
 static inline void store(void *p, cp_dtype t, size_t i, double v)
 {
     switch (t) {
@@ -33,6 +39,7 @@ static inline void store(void *p, cp_dtype t, size_t i, double v)
     case CP_DTYPE_F16: ((uint16_t *)p)[i] = cpi_f32_to_f16((float)v); break;
     case CP_DTYPE_BF16: ((uint16_t *)p)[i] = cpi_f32_to_bf16((float)v); break;
     case CP_DTYPE_F64: ((double *)p)[i] = v; break;
+    case CP_DTYPE_FP8_E4M3: ((uint8_t *)p)[i] = cpi_f64_to_fp8_e4m3(v); break;
     }
 }
 
@@ -94,6 +101,8 @@ cp_status cpi_cpu_reduce(void *state, void *acc, const void *x, cp_dtype dtype, 
 {
     if (!cpi_dtype_valid(dtype))
         return cpi_error(CP_ERROR_INVALID_ARGUMENT, "reduce: dtype = %d", (int)dtype);
+    if (dtype == CP_DTYPE_FP8_E4M3)
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "reduce: dtype = CP_DTYPE_FP8_E4M3 (no type of reductions)");
     if (op != CP_REDUCE_SUM && op != CP_REDUCE_MAX)
         return cpi_error(CP_ERROR_INVALID_ARGUMENT, "reduce: op = %d", (int)op);
     if (op == CP_REDUCE_SUM && is_f32_family(dtype)) {

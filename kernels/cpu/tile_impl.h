@@ -250,6 +250,14 @@ static void tile_load(float *dst, const void *src, cp_dtype t, size_t n, size_t 
             dst[i] = s * (float)x[i];
         break;
     }
+    case CP_DTYPE_FP8_E4M3: {
+        const uint8_t *x = src;
+        for (; i + VL <= n; i += VL)
+            vstore(dst + i, vs * vload_fp8(x + i));
+        for (; i < n; i++)
+            dst[i] = s * cpi_fp8_e4m3_to_f32(x[i]);
+        break;
+    }
     }
     for (; i < npad; i++)
         dst[i] = 0;
@@ -288,6 +296,12 @@ static void tile_store(void *dst, cp_dtype t, const float *src, size_t n, float 
         double *y = dst;
         for (; i < n; i++)
             y[i] = add ? (double)(s * src[i]) + y[i] : (double)(s * src[i]);
+        break;
+    }
+    case CP_DTYPE_FP8_E4M3: { /* no kernel writes FP8 (kernel.c); for completeness */
+        uint8_t *y = dst;
+        for (; i < n; i++)
+            y[i] = cpi_f64_to_fp8_e4m3(add ? s * src[i] + cpi_fp8_e4m3_to_f32(y[i]) : s * src[i]);
         break;
     }
     }

@@ -9,7 +9,7 @@
  */
 #include "attn/plan.h"
 
-static int32_t slice_first(const cp_attn_plan *p, int kv, int member)
+int32_t cpi_a2a_head_first(const cp_attn_plan *p, int kv, int member)
 {
     if (kv)
         return (int32_t)((int64_t)member * p->desc.num_kv_heads / p->a2a_size);
@@ -62,7 +62,7 @@ static cp_status member_rows(const cp_attn_plan *p, const cpi_a2a_item *it, void
  * m's block. to_block: direction. */
 static cp_status member_heads(const cp_attn_plan *p, const cpi_a2a_item *it, void *base, int m, int to_block)
 {
-    const int32_t first = slice_first(p, it->kv, m);
+    const int32_t first = cpi_a2a_head_first(p, it->kv, m);
     if (it->lse_h) {
         cpi_lse b = block_l(p, it, base, m);
         return to_block ? cpi_copy_lse(p, &b, 0, 0, it->lse, 0, first, p->s_loc, b.heads)

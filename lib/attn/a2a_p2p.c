@@ -36,8 +36,12 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     cpi_tensor uq = cpi_user_tensor(p, a->q, H, d->head_dim, d->dtype);
     cpi_tensor uk = cpi_user_tensor(p, a->k, Hkv, d->head_dim, d->dtype);
     cpi_tensor uv = cpi_user_tensor(p, a->v, Hkv, d->head_dim_v, d->dtype);
-    cpi_tensor uo = cpi_user_tensor(p, a->out, H, d->head_dim_v, d->dtype);
+    cpi_tensor uo = cpi_user_tensor(p, a->out, H, d->head_dim_v, cpi_plan_out_dtype(p));
     cpi_lse ulse = { a->lse, p->s_loc, H, NULL };
+    /* my head slice's descales: the kernels see heads from the slice's first */
+    const int member = p->rank % p->a2a_size;
+    const cpi_descale ds =
+        cpi_descale_slice(&a->descale, cpi_a2a_head_first(p, 0, member), cpi_a2a_head_first(p, 1, member));
 
     /* With A == 1 the head side is the caller's own tensors. */
     cpi_tensor qh = uq, kh = uk, vh = uv, oh = uo;
@@ -47,7 +51,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
         qh = cpi_tensor_take(p, ws, T, hq, d->head_dim, d->dtype);
         kh = cpi_tensor_take(p, ws, T, hkv, d->head_dim, d->dtype);
         vh = cpi_tensor_take(p, ws, T, hkv, d->head_dim_v, d->dtype);
-        oh = cpi_tensor_take(p, ws, T, hq, d->head_dim_v, d->dtype);
+        oh = cpi_tensor_take(p, ws, T, hq, d->head_dim_v, uo.dtype);
         lseh = cpi_lse_take(p, ws, T, hq);
     }
     cpi_tensor o32 = cpi_tensor_take(p, ws, T, hq, d->head_dim_v, CP_DTYPE_F32);
@@ -61,7 +65,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     }
     CPI_TRY(cpi_arena_check(ws, "the exchange buffers"));
     if (ws->measuring)
-        return cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, ws);
+        return cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, &ds, ws);
 
     if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_heads(p, &iq, send, recv));
@@ -69,9 +73,9 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
         CPI_TRY(cpi_a2a_to_heads(p, &iv, send, recv));
     }
     CPI_TRY(cpi_init_partial(p, &o32, &lseh));
-    CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, ws));
+    CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, &ds, ws));
     if (d->sinks) /* my head slice's sinks */
-        CPI_TRY(cpi_sinks_merge(p, &o32, &lseh, (p->rank % p->a2a_size) * hq, a->sinks));
+        CPI_TRY(cpi_sinks_merge(p, &o32, &lseh, cpi_a2a_head_first(p, 0, member), a->sinks));
     CPI_TRY(cpi_convert_tensor(p, &oh, &o32));
     if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_tokens(p, &io, send, recv, 0));

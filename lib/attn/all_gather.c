@@ -62,18 +62,20 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
         return CP_SUCCESS;
 
     cpi_tensor q = cpi_user_tensor(p, a->q, d->num_heads, d->head_dim, d->dtype);
-    cpi_tensor out = cpi_user_tensor(p, a->out, d->num_heads, d->head_dim_v, d->dtype);
+    cpi_tensor out = cpi_user_tensor(p, a->out, d->num_heads, d->head_dim_v, cpi_plan_out_dtype(p));
     CPI_TRY(gather(p, a->k, a->v, &g));
     CPI_TRY(cpi_init_partial(p, &o32, &lse));
     if (one_call(p)) {
         cpi_attend_io io = { .q = &q, .k = &g.k, .v = &g.v, .tq = &p->mine, .tk = &p->gathered, .o32 = &o32,
-                             .lse = &lse, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
+                             .lse = &lse, .descale = a->descale, .scratch = g.scratch,
+                             .scratch_bytes = g.scratch_bytes };
         CPI_TRY(cpi_attend(p, &io, 0));
     }
     for (int r = 0; !one_call(p) && r < p->cp_size; r++) {
         cpi_tensor k = cpi_tensor_block(p, &g.k, g.k.data, r), v = cpi_tensor_block(p, &g.v, g.v.data, r);
         cpi_attend_io io = { .q = &q, .k = &k, .v = &v, .tq = &p->mine, .tk = &p->sub[r], .o32 = &o32,
-                            .lse = &lse, .scratch = g.scratch, .scratch_bytes = g.scratch_bytes };
+                            .lse = &lse, .descale = a->descale, .scratch = g.scratch,
+                            .scratch_bytes = g.scratch_bytes };
         CPI_TRY(cpi_attend(p, &io, 0));
     }
     if (d->sinks)

@@ -119,21 +119,34 @@ static cp_status check_lse(const char *func, const char *name, const float *p, b
     return CP_SUCCESS;
 }
 
-static cp_status check_storage_dtype(const char *func, const char *name, cp_dtype t)
+/* A storage type: of q, k, v (inputs: FP8 too, since API 1.2) or of a
+ * result (o, o_part). */
+static cp_status check_storage_dtype(const char *func, const char *name, cp_dtype t, bool input)
 {
     if (t == CP_DTYPE_F64)
         return cpi_error(CP_ERROR_UNSUPPORTED,
                          "%s: a->%s = CP_DTYPE_F64 (the kernels store F32, F16 or BF16)", func, name);
-    CPI_CHECK(t == CP_DTYPE_F32 || t == CP_DTYPE_F16 || t == CP_DTYPE_BF16,
-              "%s: a->%s = %d (must be CP_DTYPE_F32, CP_DTYPE_F16 or CP_DTYPE_BF16)", func, name, (int)t);
+    CPI_CHECK(input || t != CP_DTYPE_FP8_E4M3,
+              "%s: a->%s = %d (CP_DTYPE_FP8_E4M3 is an input type, never a result's: must be CP_DTYPE_F32, "
+              "CP_DTYPE_F16 or CP_DTYPE_BF16)",
+              func, name, (int)t);
+    CPI_CHECK(t == CP_DTYPE_F32 || t == CP_DTYPE_F16 || t == CP_DTYPE_BF16 || t == CP_DTYPE_FP8_E4M3,
+              "%s: a->%s = %d (must be CP_DTYPE_F32, CP_DTYPE_F16 or CP_DTYPE_BF16%s)", func, name, (int)t,
+              input ? ", or CP_DTYPE_FP8_E4M3 for a forward" : "");
     return CP_SUCCESS;
 }
 
-/* o_dtype / grad_dtype: the storage type or F32. */
+/* o_dtype / grad_dtype: the storage type or F32; after FP8 inputs, BF16 or
+ * F32 (FP8 is no type of results). */
 static cp_status check_result_dtype(const char *func, const char *name, cp_dtype t, cp_dtype storage)
 {
-    CPI_CHECK(t == storage || t == CP_DTYPE_F32, "%s: a->%s = %d (must be a->dtype = %d or CP_DTYPE_F32)", func,
-              name, (int)t, (int)storage);
+    if (storage == CP_DTYPE_FP8_E4M3)
+        CPI_CHECK(t == CP_DTYPE_BF16 || t == CP_DTYPE_F32,
+                  "%s: a->%s = %d (%s; with a->dtype = CP_DTYPE_FP8_E4M3 it must be CP_DTYPE_BF16 or CP_DTYPE_F32)",
+                  func, name, (int)t, cpi_dtype_name(t));
+    else
+        CPI_CHECK(t == storage || t == CP_DTYPE_F32, "%s: a->%s = %d (must be a->dtype = %d or CP_DTYPE_F32)", func,
+                  name, (int)t, (int)storage);
     return CP_SUCCESS;
 }
 
@@ -178,8 +191,28 @@ static cp_status check_v11(const char *func, const cp_kernel_attn_args *a)
     return CP_SUCCESS;
 }
 
-cp_status cpi_kernel_v11_supported(const cp_context *ctx, const char *func, int64_t window, double softcap,
-                                   bool rects)
+/* The API 1.2 fields: descales, for FP8 inputs only. */
+static cp_status check_v12(const char *func, const cp_kernel_attn_args *a)
+{
+    CPI_TRY(check_flag(func, "descale_per_head", a->descale_per_head));
+    const struct {
+        const char *name;
+        const float *p;
+    } d[] = { { "q_descale", a->q_descale }, { "k_descale", a->k_descale }, { "v_descale", a->v_descale } };
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
+        if (!d[i].p)
+            continue;
+        CPI_CHECK(a->dtype == CP_DTYPE_FP8_E4M3,
+                  "%s: a->%s is set but a->dtype = %d (%s): descales scale FP8 inputs (a->dtype = "
+                  "CP_DTYPE_FP8_E4M3)",
+                  func, d[i].name, (int)a->dtype, cpi_dtype_name(a->dtype));
+        CPI_CHECK((uintptr_t)d[i].p % sizeof(float) == 0, "%s: a->%s = %p is not aligned to its 4-byte elements",
+                  func, d[i].name, (const void *)d[i].p);
+    }
+    return CP_SUCCESS;
+}
+
+cp_status cpi_kernel_args_supported(const cp_context *ctx, const char *func, const cp_kernel_attn_args *a)
 {
     const cp_backend_ops *o = ctx->ops;
     size_t have = o->struct_size >= offsetof(cp_backend_ops, kernel_args_size) + sizeof o->kernel_args_size
@@ -187,22 +220,28 @@ cp_status cpi_kernel_v11_supported(const cp_context *ctx, const char *func, int6
                       : 0;
     if (have == 0)
         have = offsetof(cp_kernel_attn_args, window);
+    const size_t v12 = offsetof(cp_kernel_attn_args, descale_per_head) + sizeof(int);
     const struct {
         bool set;
-        const char *name;
+        const char *name, *api;
         size_t end;
     } fields[] = {
-        { window != 0, "window", offsetof(cp_kernel_attn_args, window) + sizeof(int64_t) },
-        { softcap != 0, "softcap", offsetof(cp_kernel_attn_args, softcap) + sizeof(double) },
-        { rects, "rects", offsetof(cp_kernel_attn_args, num_rects) + sizeof(int64_t) },
+        { a->window != 0, "window", "1.1", offsetof(cp_kernel_attn_args, window) + sizeof(int64_t) },
+        { a->softcap != 0, "softcap", "1.1", offsetof(cp_kernel_attn_args, softcap) + sizeof(double) },
+        { a->rects != NULL, "rects", "1.1", offsetof(cp_kernel_attn_args, num_rects) + sizeof(int64_t) },
+        { a->q_descale != NULL, "q_descale", "1.2", v12 },
+        { a->k_descale != NULL, "k_descale", "1.2", v12 },
+        { a->v_descale != NULL, "v_descale", "1.2", v12 },
+        /* FP8 inputs come with descales: a backend that cannot read them has no FP8 kernels */
+        { a->dtype == CP_DTYPE_FP8_E4M3, "dtype = CP_DTYPE_FP8_E4M3", "1.2", v12 },
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         if (fields[i].set && have < fields[i].end)
             return cpi_error(CP_ERROR_UNSUPPORTED,
                              "%s: %s is set, but the kernels of the %s backend do not support it (they read "
-                             "cp_kernel_attn_args up to byte %zu, %s needs %zu: API 1.1)",
+                             "cp_kernel_attn_args up to byte %zu, %s needs %zu: API %s)",
                              func, fields[i].name, o->name ? o->name : "(unnamed)", have, fields[i].name,
-                             fields[i].end);
+                             fields[i].end, fields[i].api);
     return CP_SUCCESS;
 }
 
@@ -219,7 +258,12 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
     bool bwd = use == CPI_KERNEL_BACKWARD, ptrs = use != CPI_KERNEL_SIZE_ONLY;
     backward_fields = backward_fields || bwd;
 
-    CPI_TRY(check_storage_dtype(func, "dtype", a->dtype));
+    CPI_TRY(check_storage_dtype(func, "dtype", a->dtype, true));
+    if (a->dtype == CP_DTYPE_FP8_E4M3 && backward_fields)
+        return cpi_error(CP_ERROR_UNSUPPORTED,
+                         "%s: a->dtype = CP_DTYPE_FP8_E4M3 (FP8 attention is forward only: the backward takes "
+                         "CP_DTYPE_F32, CP_DTYPE_F16 or CP_DTYPE_BF16)",
+                         func);
     CPI_CHECK(a->format == CP_FORMAT_BSHD || a->format == CP_FORMAT_SBHD,
               "%s: a->format = %d (must be CP_FORMAT_BSHD or CP_FORMAT_SBHD)", func, (int)a->format);
     CPI_CHECK(a->batch > 0, "%s: a->batch = %" PRId64 " (must be > 0)", func, a->batch);
@@ -249,6 +293,7 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
               "%s: a->softmax_scale = %g (must be finite, |scale| <= %.17g; 0 for 1/sqrt(head_dim))", func,
               a->softmax_scale, CPI_SOFTMAX_SCALE_MAX);
     CPI_TRY(check_v11(func, a));
+    CPI_TRY(check_v12(func, a));
     CPI_TRY(check_result_dtype(func, "o_dtype", a->o_dtype, a->dtype));
     if (!bwd)
         CPI_TRY(check_flag(func, "accumulate", a->accumulate));
@@ -301,8 +346,8 @@ cp_status cpi_kernel_merge_args_check(const char *func, const cp_kernel_merge_ar
     CPI_CHECK(a->seq > 0, "%s: a->seq = %" PRId64 " (must be > 0)", func, a->seq);
     CPI_CHECK(a->num_heads > 0, "%s: a->num_heads = %d (must be > 0)", func, a->num_heads);
     CPI_CHECK(a->head_dim_v > 0, "%s: a->head_dim_v = %d (must be > 0)", func, a->head_dim_v);
-    CPI_TRY(check_storage_dtype(func, "o_dtype", a->o_dtype));
-    CPI_TRY(check_storage_dtype(func, "o_part_dtype", a->o_part_dtype));
+    CPI_TRY(check_storage_dtype(func, "o_dtype", a->o_dtype, false));
+    CPI_TRY(check_storage_dtype(func, "o_part_dtype", a->o_part_dtype, false));
     const int64_t B = a->batch, S = a->seq, H = a->num_heads, Dv = a->head_dim_v;
     CPI_TRY(check_tensor(func, "o", a->o, true, true, a->o_dtype, a->format, B, S, H, Dv, &a->o_stride_b,
                          &a->o_stride_s, &a->o_stride_h));
@@ -323,7 +368,7 @@ CP_EXPORT cp_status cp_kernel_attn_workspace_size(cp_context *ctx, const cp_kern
     CPI_CHECK(backward == 0 || backward == 1, "%s: backward = %d (must be 0 or 1)", __func__, backward);
     cp_kernel_attn_args n;
     CPI_TRY(cpi_kernel_attn_args_check(__func__, a, CPI_KERNEL_SIZE_ONLY, backward, &n));
-    CPI_TRY(cpi_kernel_v11_supported(ctx, __func__, n.window, n.softcap, n.rects != NULL));
+    CPI_TRY(cpi_kernel_args_supported(ctx, __func__, &n));
     return ctx->ops->attn_workspace_size(ctx->state, &n, backward, bytes);
 }
 
@@ -332,7 +377,7 @@ CP_EXPORT cp_status cp_kernel_attn_forward(cp_context *ctx, const cp_kernel_attn
     CPI_CHECK_PTR(ctx);
     cp_kernel_attn_args n;
     CPI_TRY(cpi_kernel_attn_args_check(__func__, a, CPI_KERNEL_FORWARD, 0, &n));
-    CPI_TRY(cpi_kernel_v11_supported(ctx, __func__, n.window, n.softcap, n.rects != NULL));
+    CPI_TRY(cpi_kernel_args_supported(ctx, __func__, &n));
     return ctx->ops->attn_forward(ctx->state, &n);
 }
 
@@ -341,7 +386,7 @@ CP_EXPORT cp_status cp_kernel_attn_backward(cp_context *ctx, const cp_kernel_att
     CPI_CHECK_PTR(ctx);
     cp_kernel_attn_args n;
     CPI_TRY(cpi_kernel_attn_args_check(__func__, a, CPI_KERNEL_BACKWARD, 1, &n));
-    CPI_TRY(cpi_kernel_v11_supported(ctx, __func__, n.window, n.softcap, n.rects != NULL));
+    CPI_TRY(cpi_kernel_args_supported(ctx, __func__, &n));
     return ctx->ops->attn_backward(ctx->state, &n);
 }
 

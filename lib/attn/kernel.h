@@ -53,16 +53,16 @@ static inline bool cpi_softcap_ok(double scale, double softcap)
 #define CPI_RECT_POS_MAX (INT64_MAX / 4)
 
 /*
- * Whether ctx's backend understands the API 1.1 kernel arguments that are
- * set (window != 0, softcap != 0, rects): #CP_ERROR_UNSUPPORTED naming the
- * first one it does not, and the backend, else CP_SUCCESS. A backend
- * declares the size of cp_kernel_attn_args its kernels read in
+ * Whether ctx's backend understands the kernel arguments of `a` newer than
+ * API 1.0 that are set (1.1: window != 0, softcap != 0, rects; 1.2: the
+ * descales, and dtype FP8, which comes with them): #CP_ERROR_UNSUPPORTED
+ * naming the first one it does not, and the backend, else CP_SUCCESS. A
+ * backend declares the size of cp_kernel_attn_args its kernels read in
  * cp_backend_ops.kernel_args_size; 0, or a table too old to have that
  * field, means the 1.0 arguments. `func` starts the message. The CP plans
- * ask it too, for the window, softcap and rectangles their blocks will use.
+ * ask it too, with the fields their blocks will use.
  */
-cp_status cpi_kernel_v11_supported(const cp_context *ctx, const char *func, int64_t window, double softcap,
-                                   bool rects);
+cp_status cpi_kernel_args_supported(const cp_context *ctx, const char *func, const cp_kernel_attn_args *a);
 
 /* The same for cp_kernel_merge(). */
 cp_status cpi_kernel_merge_args_check(const char *func, const cp_kernel_merge_args *a,

@@ -52,11 +52,12 @@ static const char *mode_name(cp_mode m)
 static cp_status check_desc(const cp_attn_desc *d)
 {
     static const char *f = "cp_attn_plan_create";
-    CPI_CHECK(d->dtype == CP_DTYPE_F32 || d->dtype == CP_DTYPE_F16 || d->dtype == CP_DTYPE_BF16 ||
-                  d->dtype == CP_DTYPE_F64,
-              "%s: desc->dtype = %d (must be a cp_dtype)", f, (int)d->dtype);
+    CPI_CHECK(cpi_dtype_valid(d->dtype), "%s: desc->dtype = %d (must be a cp_dtype)", f, (int)d->dtype);
     if (d->dtype == CP_DTYPE_F64)
-        return cpi_error(CP_ERROR_UNSUPPORTED, "%s: desc->dtype = CP_DTYPE_F64 (attention runs in F32, F16 or BF16)", f);
+        return cpi_error(CP_ERROR_UNSUPPORTED,
+                         "%s: desc->dtype = CP_DTYPE_F64 (attention runs in F32, F16 or BF16, or forward in "
+                         "CP_DTYPE_FP8_E4M3)",
+                         f);
     CPI_CHECK(d->format == CP_FORMAT_BSHD || d->format == CP_FORMAT_SBHD,
               "%s: desc->format = %d (must be CP_FORMAT_BSHD (0) or CP_FORMAT_SBHD (1))", f, (int)d->format);
     CPI_CHECK(d->batch >= 1, "%s: desc->batch = %lld (must be >= 1)", f, (long long)d->batch);
@@ -95,23 +96,57 @@ static cp_status check_desc(const cp_attn_desc *d)
     return CP_SUCCESS;
 }
 
-/* What API 1.1 asks of the context's backend: kernels that understand
- * windows, softcaps and rectangles (cp_backend_ops.kernel_args_size), and,
- * for sinks, host memory (sinks.c works on the host). */
+/* What API 1.1 and 1.2 ask of the context's backend: kernels that
+ * understand windows, softcaps and rectangles, and FP8 inputs with their
+ * descales (cp_backend_ops.kernel_args_size), and, for sinks, host memory
+ * (sinks.c works on the host). */
 static cp_status check_backend(const cp_attn_plan *p)
 {
     static const char *f = "cp_attn_plan_create";
     const cp_attn_desc *d = &p->desc;
+    const char *device = p->ctx->device == CP_DEVICE_CPU ? "CPU" : "CUDA";
     const char *what = d->layout == CP_LAYOUT_PACKED ? "desc->layout = CP_LAYOUT_PACKED"
                        : d->window                   ? "desc->window"
                        : d->softcap != 0             ? "desc->softcap"
                                                      : NULL;
     /* every block of such a plan is a rectangle list, with the window and softcap */
-    if (what && cpi_kernel_v11_supported(p->ctx, f, d->window, d->softcap, true) != CP_SUCCESS)
+    static const cp_attn_rect some = { 0, 0, 0, 0, 0, 0 };
+    cp_kernel_attn_args blocks = CP_KERNEL_ATTN_ARGS_INIT;
+    blocks.window = d->window;
+    blocks.softcap = d->softcap;
+    blocks.rects = &some;
+    if (what && cpi_kernel_args_supported(p->ctx, f, &blocks) != CP_SUCCESS)
         return cpi_error(CP_ERROR_UNSUPPORTED,
                          "%s: %s needs kernels with windows, softcaps and rectangles, which the %s backend "
                          "does not have yet",
-                         f, what, p->ctx->device == CP_DEVICE_CPU ? "CPU" : "CUDA");
+                         f, what, device);
+    cp_kernel_attn_args fp8 = CP_KERNEL_ATTN_ARGS_INIT;
+    fp8.dtype = d->dtype;
+    if (cpi_kernel_args_supported(p->ctx, f, &fp8) != CP_SUCCESS)
+        return cpi_error(CP_ERROR_UNSUPPORTED,
+                         "%s: desc->dtype = CP_DTYPE_FP8_E4M3 needs kernels with FP8 inputs and their descales, "
+                         "which the %s backend does not have yet",
+                         f, device);
+    if (d->dtype == CP_DTYPE_FP8_E4M3) {
+        /* A backend that knows the fields may still refuse FP8 (or this
+         * shape of it): ask it now, not in the first forward. */
+        fp8.o_dtype = CP_DTYPE_F32;
+        fp8.batch = 1;
+        fp8.num_heads = d->num_heads;
+        fp8.num_kv_heads = d->num_kv_heads;
+        fp8.head_dim = d->head_dim;
+        fp8.head_dim_v = d->head_dim_v;
+        fp8.seq_q = fp8.seq_k = 1;
+        fp8.mask = d->mask;
+        fp8.softmax_scale = d->softmax_scale;
+        fp8.window = d->window;
+        fp8.softcap = d->softcap;
+        fp8.rects = what ? &some : NULL;
+        fp8.num_rects = 0;
+        size_t bytes;
+        if (p->ctx->ops->attn_workspace_size(p->ctx->state, &fp8, 0, &bytes) == CP_ERROR_UNSUPPORTED)
+            return CP_ERROR_UNSUPPORTED; /* the backend's message names what */
+    }
     if (d->sinks && p->ctx->device != CP_DEVICE_CPU)
         return cpi_error(CP_ERROR_UNSUPPORTED, "%s: desc->sinks = 1 is not supported by the CUDA backend yet", f);
     return CP_SUCCESS;
@@ -415,7 +450,8 @@ CP_EXPORT cp_status cp_attn_plan_create(cp_group *g, const cp_attn_desc *desc, c
     }
     if (s == CP_SUCCESS)
         s = measure(p, 0, &p->ws_fwd);
-    if (s == CP_SUCCESS)
+    /* an FP8 plan is forward only: its backward needs no workspace */
+    if (s == CP_SUCCESS && p->desc.dtype != CP_DTYPE_FP8_E4M3)
         s = measure(p, 1, &p->ws_bwd);
     if (s == CP_SUCCESS)
         s = cpi_plan_neg_inf_row(p);
@@ -530,15 +566,47 @@ static cp_status run_call(cp_attn_plan *p, const char *func, cp_status local, co
     return cpi_agree_close(&ag, run_mode(p, mc, ws));
 }
 
-/* The API 1.1 arguments against the plan; x receives them filled in. */
+/* The first published cp_attn_args (API 1.1): everything up to workspace_bytes. */
+#define ARGS_V11_SIZE (offsetof(cp_attn_args, workspace_bytes) + sizeof(size_t))
+
+/* The descales of x (API 1.2): an FP8 plan's forward takes them. */
+static cp_status check_descales(const cp_attn_plan *p, const char *func, const cp_attn_args *x)
+{
+    const cp_attn_desc *d = &p->desc;
+    CPI_CHECK(x->descale_per_head == 0 || x->descale_per_head == 1, "%s: x->descale_per_head = %d (must be 0 or 1)",
+              func, x->descale_per_head);
+    const struct {
+        const char *name;
+        const float *p;
+    } ds[] = { { "q_descale", x->q_descale }, { "k_descale", x->k_descale }, { "v_descale", x->v_descale } };
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+        if (!ds[i].p)
+            continue;
+        CPI_CHECK(d->dtype == CP_DTYPE_FP8_E4M3,
+                  "%s: x->%s is set but the plan's desc->dtype = %d (%s): descales scale FP8 inputs "
+                  "(CP_DTYPE_FP8_E4M3)",
+                  func, ds[i].name, (int)d->dtype, cpi_dtype_name(d->dtype));
+        CPI_CHECK((uintptr_t)ds[i].p % sizeof(float) == 0, "%s: x->%s = %p is not aligned to 4 bytes", func,
+                  ds[i].name, (const void *)ds[i].p);
+    }
+    return CP_SUCCESS;
+}
+
+/* The API 1.1 and 1.2 arguments against the plan; x receives them filled in. */
 static cp_status check_args(const cp_attn_plan *p, const char *func, const cp_attn_args *user, int backward,
                             cp_attn_args *x)
 {
     static const cp_attn_args defaults = CP_ATTN_ARGS_INIT;
     *x = defaults;
     if (user)
-        CPI_TRY(cpi_copy_config(x, sizeof *x, &defaults, user, sizeof *x, func, "x"));
+        CPI_TRY(cpi_copy_config(x, sizeof *x, &defaults, user, ARGS_V11_SIZE, func, "x"));
     const cp_attn_desc *d = &p->desc;
+    if (backward && d->dtype == CP_DTYPE_FP8_E4M3)
+        return cpi_error(CP_ERROR_UNSUPPORTED,
+                         "%s: the plan's desc->dtype = CP_DTYPE_FP8_E4M3: FP8 plans are forward only (API 1.2); "
+                         "a backward needs a plan of CP_DTYPE_F32, CP_DTYPE_F16 or CP_DTYPE_BF16",
+                         func);
+    CPI_TRY(check_descales(p, func, x));
     const cp_pack *pk = x->pack;
     /* the 1.0 calls take neither a pack nor sinks */
     const bool v10 = !strcmp(func, "cp_attn_forward") || !strcmp(func, "cp_attn_backward");
@@ -572,8 +640,8 @@ static cp_status check_args(const cp_attn_plan *p, const char *func, const cp_at
 static cp_status forward(cp_attn_plan *p, const char *func, const void *q, const void *k, const void *v, void *out,
                          float *lse, const cp_attn_args *user)
 {
-    const size_t es = cpi_dtype_size(p->desc.dtype);
-    const tensor_arg t[] = { { "q", q, es }, { "k", k, es }, { "v", v, es }, { "out", out, es },
+    const size_t es = cpi_dtype_size(p->desc.dtype), os = cpi_dtype_size(cpi_plan_out_dtype(p));
+    const tensor_arg t[] = { { "q", q, es }, { "k", k, es }, { "v", v, es }, { "out", out, os },
                              { "lse", lse, sizeof(float) } };
     cpi_arena a;
     cp_attn_args x;
@@ -582,7 +650,8 @@ static cp_status forward(cp_attn_plan *p, const char *func, const void *q, const
         local = check_tensors(func, t, sizeof t / sizeof t[0]);
     if (local == CP_SUCCESS)
         local = workspace(p, x.workspace, x.workspace_bytes, p->ws_fwd, func, &a);
-    const cpi_fwd_args args = { q, k, v, out, lse, x.sinks };
+    const cpi_fwd_args args = { q, k, v, out, lse, x.sinks,
+                                { x.q_descale, x.k_descale, x.v_descale, x.descale_per_head } };
     return run_call(p, func, local, &(mode_call){ .fwd = &args }, &a, local == CP_SUCCESS ? x.pack : NULL);
 }
 

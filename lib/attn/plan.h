@@ -59,6 +59,13 @@ struct cp_attn_plan {
     float *neg_inf;      /* device contexts: a row of -inf for LSE resets (cpi_plan_neg_inf_row) */
 };
 
+/* The type of a plan's out (and of its a2a exchange of it): the storage
+ * type, or BF16 after FP8 inputs (API 1.2). */
+static inline cp_dtype cpi_plan_out_dtype(const cp_attn_plan *p)
+{
+    return p->desc.dtype == CP_DTYPE_FP8_E4M3 ? CP_DTYPE_BF16 : p->desc.dtype;
+}
+
 /* Attention of the query rows of tokset tq (tensor q, rows as in tq) against
  * the key rows of tokset tk (tensors k, v): every span pair that causality
  * does not hide (span_pairs.c). Forward merges into (o32, lse); backward
@@ -69,6 +76,7 @@ typedef struct cpi_attend_io {
     /* forward */
     const cpi_tensor *o32;
     const cpi_lse *lse;
+    cpi_descale descale; /* FP8: of q's and k's first heads */
     /* backward */
     const cpi_tensor *o, *dout, *dq32, *dk32, *dv32;
     /* backward, optional: rowsum(dO * O) of tq's rows, laid out like lse,
@@ -106,6 +114,7 @@ typedef struct cpi_fwd_args {
     void *out;
     float *lse;
     const float *sinks; /* desc.sinks: [num_heads] */
+    cpi_descale descale; /* FP8 plans: of all heads (GLOBAL head indices) */
 } cpi_fwd_args;
 typedef struct cpi_bwd_args {
     const void *q, *k, *v, *out, *dout;
@@ -132,6 +141,8 @@ typedef struct cpi_a2a_item {
     int kv; /* slices of kv heads (else query heads) */
 } cpi_a2a_item;
 size_t cpi_a2a_item_bytes(const cp_attn_plan *p, const cpi_a2a_item *it); /* one block */
+/* The first query head (kv = 0) or kv head (kv = 1) of member m's slice. */
+int32_t cpi_a2a_head_first(const cp_attn_plan *p, int kv, int member);
 /* Whether the item's exchanges use send / recv: not where the transport
  * moves its head slices in place and the blocks are head-side rows. */
 int cpi_a2a_item_buffered(const cp_attn_plan *p, const cpi_a2a_item *it);

@@ -309,7 +309,7 @@ static cp_status shift(cp_attn_plan *p, const cpi_ring *r, int dir, const cpi_te
     } while (0)
 
 cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
-                           const cpi_tensor *o32, const cpi_lse *lse, cpi_arena *ws)
+                           const cpi_tensor *o32, const cpi_lse *lse, const cpi_descale *descale, cpi_arena *ws)
 {
     ring_bufs b = { 0 };
     CPI_TRY(take_bufs(p, k, v, 0, ws, &b));
@@ -326,7 +326,7 @@ cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tenso
     for (int step = 0; step < r.size; step++) {
         cpi_attend_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[r.member],
                              .tk = &p->sub[cpi_ring_fwd_block(&r, step)], .o32 = o32, .lse = lse,
-                             .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
+                             .descale = *descale, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
         /* compute this step once its keys and values are here */
         TRY(rs_select(&rs, STREAM_COMPUTE));
         TRY(rs_wait(&rs, arrived));

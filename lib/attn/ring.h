@@ -136,7 +136,7 @@ bool cpi_ring_bwd_idle(const cpi_ring *r, int step, int kv);
  * p->ring_rank of p->ring_size: the queries are the rows of the member's
  * token set, the keys and values its block, which then circulates. */
 cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
-                           const cpi_tensor *o32, const cpi_lse *lse, cpi_arena *ws);
+                           const cpi_tensor *o32, const cpi_lse *lse, const cpi_descale *descale, cpi_arena *ws);
 cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
                             const cpi_tensor *o, const cpi_lse *lse, const cpi_tensor *dout,
                             const cpi_tensor *dq32, const cpi_tensor *dk32, const cpi_tensor *dv32,

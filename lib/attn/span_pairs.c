@@ -41,6 +41,10 @@ static void base_args(const cp_attn_plan *p, const cpi_attend_io *io, cp_kernel_
     a->softmax_scale = p->desc.softmax_scale;
     a->window = p->desc.window;
     a->softcap = p->desc.softcap;
+    a->q_descale = io->descale.q;
+    a->k_descale = io->descale.k;
+    a->v_descale = io->descale.v;
+    a->descale_per_head = io->descale.per_head;
     a->workspace = io->scratch;
     a->workspace_bytes = io->scratch_bytes;
 }

@@ -27,6 +27,26 @@ typedef struct cpi_lse {
     float *lo;
 } cpi_lse;
 
+/* The descales of an FP8 forward (cp_attn_args), NULL = 1: per tensor, or
+ * per head of the heads the pointers start at. */
+typedef struct cpi_descale {
+    const float *q, *k, *v;
+    int per_head;
+} cpi_descale;
+
+/* d's descales of query heads from q_head and kv heads from kv_head (per
+ * tensor: d itself), for the kernel calls of a head slice. */
+static inline cpi_descale cpi_descale_slice(const cpi_descale *d, int32_t q_head, int32_t kv_head)
+{
+    cpi_descale s = *d;
+    if (s.per_head) {
+        s.q = s.q ? s.q + q_head : NULL;
+        s.k = s.k ? s.k + kv_head : NULL;
+        s.v = s.v ? s.v + kv_head : NULL;
+    }
+    return s;
+}
+
 /* Element strides and bytes of a tensor. */
 void cpi_tensor_strides(const cp_attn_plan *p, const cpi_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh);
 size_t cpi_tensor_bytes(const cp_attn_plan *p, const cpi_tensor *t);

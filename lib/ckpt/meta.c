@@ -8,7 +8,7 @@
 
 static const char *const mode_names[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
 static const char *const layout_names[] = { "contiguous", "zigzag", "packed" };
-static const char *const dtype_names[] = { "f32", "f16", "bf16", "f64" };
+static const char *const dtype_names[] = { "f32", "f16", "bf16", "f64", "fp8_e4m3" };
 
 #define INT_FIELD(name, lo, hi) { #name, offsetof(cp_ckpt_meta, name), lo, hi, NULL }
 #define ENUM_FIELD(name, names)                                                                   \

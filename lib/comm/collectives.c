@@ -52,6 +52,7 @@ static cp_status checked_mul(const char *name, const char *what, size_t bytes, s
 static cp_status check_reduction(const char *name, cp_dtype dtype, cp_reduce_op op)
 {
     CPI_CHECK(cpi_dtype_valid(dtype), "%s: dtype = %d (not a cp_dtype)", name, (int)dtype);
+    CPI_CHECK(dtype != CP_DTYPE_FP8_E4M3, "%s: dtype = CP_DTYPE_FP8_E4M3 (no type of reductions)", name);
     CPI_CHECK(op == CP_REDUCE_SUM || op == CP_REDUCE_MAX,
               "%s: op = %d (must be CP_REDUCE_SUM (0) or CP_REDUCE_MAX (1))", name, (int)op);
     return CP_SUCCESS;

@@ -33,6 +33,7 @@ size_t cpi_dtype_size(cp_dtype t)
     case CP_DTYPE_F16: return 2;
     case CP_DTYPE_BF16: return 2;
     case CP_DTYPE_F64: return 8;
+    case CP_DTYPE_FP8_E4M3: return 1;
     }
     return 0;
 }
@@ -49,6 +50,7 @@ const char *cpi_dtype_name(cp_dtype t)
     case CP_DTYPE_F16: return "F16";
     case CP_DTYPE_BF16: return "BF16";
     case CP_DTYPE_F64: return "F64";
+    case CP_DTYPE_FP8_E4M3: return "FP8_E4M3";
     }
     return "unknown";
 }

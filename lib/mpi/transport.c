@@ -308,7 +308,7 @@ static void narrow(void *dst, const float *src, cp_dtype t, size_t n)
 
 static size_t dtype_size(cp_dtype t)
 {
-    return t == CP_DTYPE_F64 ? 8 : t == CP_DTYPE_F32 ? 4 : 2;
+    return t == CP_DTYPE_F64 ? 8 : t == CP_DTYPE_F32 ? 4 : t == CP_DTYPE_FP8_E4M3 ? 1 : 2;
 }
 
 /* all_reduce (recv has count elements) and reduce_scatter (send has

@@ -31,6 +31,10 @@ static cp_status check_args(const void *grad, size_t count, cp_dtype dtype, cp_g
 {
     static const char f[] = "cp_grad_all_reduce";
     CPI_CHECK(cpi_dtype_valid(dtype), "%s: dtype = %d (must be a cp_dtype)", f, (int)dtype);
+    CPI_CHECK(dtype != CP_DTYPE_FP8_E4M3,
+              "%s: dtype = CP_DTYPE_FP8_E4M3 (FP8 is an input type of the attention forward, not a gradient type: "
+              "must be CP_DTYPE_F32, CP_DTYPE_F16, CP_DTYPE_BF16 or CP_DTYPE_F64)",
+              f);
     CPI_CHECK(op == CP_GRAD_SUM || op == CP_GRAD_AVERAGE,
               "%s: op = %d (must be CP_GRAD_SUM (0) or CP_GRAD_AVERAGE (1))", f, (int)op);
     const size_t es = cpi_dtype_size(dtype);

@@ -59,11 +59,13 @@ CP_EXPORT cp_status cp_stage_shape(const cp_topology *t, const cp_attn_desc *d, 
                   __func__, (long long)a.seq_len, t->size[CPI_AXIS_CP], (long long)len, tp);
         len /= tp;
     }
+    /* the activations around an FP8 attention are its output's type, BF16 */
+    const size_t es = cpi_dtype_size(a.dtype == CP_DTYPE_FP8_E4M3 ? CP_DTYPE_BF16 : a.dtype);
     size_t n;
-    CPI_CHECK(cpi_mul((size_t)a.batch, (size_t)len, &n) && cpi_mul(n, (size_t)hidden, &n) &&
-                  cpi_mul(n, cpi_dtype_size(a.dtype), &n) && n <= PTRDIFF_MAX,
+    CPI_CHECK(cpi_mul((size_t)a.batch, (size_t)len, &n) && cpi_mul(n, (size_t)hidden, &n) && cpi_mul(n, es, &n) &&
+                  n <= PTRDIFF_MAX,
               "%s: batch %lld x %lld tokens x hidden %lld x %zu bytes overflows the address space", __func__,
-              (long long)a.batch, (long long)len, (long long)hidden, cpi_dtype_size(a.dtype));
+              (long long)a.batch, (long long)len, (long long)hidden, es);
     const int sbhd = a.format == CP_FORMAT_SBHD;
     shape[0] = sbhd ? len : a.batch;
     shape[1] = sbhd ? a.batch : len;

@@ -30,7 +30,10 @@ a ``ValueError`` and ``TypeError``).
 Arrays: NumPy arrays on the CPU (float32, float16; for bfloat16 ``uint16``
 arrays holding bf16 bits, or ``ml_dtypes.bfloat16`` arrays when that
 module is used: outputs follow the inputs; see :func:`float32_to_bf16_bits`
-and :func:`bf16_bits_to_float32`); on CUDA, PyTorch tensors, CuPy arrays
+and :func:`bf16_bits_to_float32`; FP8 E4M3 plans, API 1.2, take
+``uint8`` arrays of the codes, see :func:`float32_to_fp8_e4m3_bits` and
+:func:`fp8_e4m3_bits_to_float32`, or ``ml_dtypes.float8_e4m3fn`` arrays,
+and PyTorch's ``torch.float8_e4m3fn``); on CUDA, PyTorch tensors, CuPy arrays
 (bfloat16 as ``uint16`` bits, as CuPy has no bfloat16) and other objects
 with ``__cuda_array_interface__`` or DLPack. Outputs are allocated like the
 inputs, on their device: a NumPy input gives NumPy outputs, a PyTorch one
@@ -50,7 +53,7 @@ a communicator's groups), so the library's destruction order always holds.
 PyTorch layer; it needs PyTorch, which ``import infinicp`` does not.
 """
 
-from ._arrays import bf16_bits_to_float32, float32_to_bf16_bits
+from ._arrays import bf16_bits_to_float32, float32_to_bf16_bits, float32_to_fp8_e4m3_bits, fp8_e4m3_bits_to_float32
 from ._core import (
     AttnDesc,
     AttnPlan,
@@ -80,7 +83,7 @@ from ._core import (
 )
 from ._lib import ArgumentError, Error, Status
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 #: ``CP_AXIS_*`` bits, for Topology.group() and Topology.color() (names work too).
 AXIS_TP, AXIS_CP, AXIS_DP, AXIS_PP, AXIS_CP_A2A, AXIS_CP_P2P = 1, 2, 4, 8, 16, 32
@@ -108,6 +111,8 @@ __all__ = [
     "Verdict",
     "bf16_bits_to_float32",
     "float32_to_bf16_bits",
+    "float32_to_fp8_e4m3_bits",
+    "fp8_e4m3_bits_to_float32",
     "have_nccl_id",
     "kernel_attention_backward",
     "kernel_attention_forward",

@@ -15,6 +15,12 @@ bfloat16: NumPy and CuPy have no such dtype. A bf16 plan takes and returns
 ``ml_dtypes.bfloat16`` arrays when the inputs are of that type (the outputs
 follow the inputs); PyTorch's ``torch.bfloat16`` works as it is.
 
+FP8 E4M3 (API 1.2): PyTorch's ``torch.float8_e4m3fn`` and
+``ml_dtypes.float8_e4m3fn`` arrays as they are; ``uint8`` arrays of the
+codes where the caller names the type (``dtype="fp8_e4m3"``). An FP8
+forward's output is bfloat16 (``uint16`` bits for ``uint8`` inputs,
+``ml_dtypes.bfloat16`` for ``ml_dtypes`` ones).
+
 Streams: the library orders its work on the context's stream. A DLPack
 producer is asked for its capsule with that stream (``__dlpack__(stream=)``),
 so it orders its own pending work before it; the stream a
@@ -42,6 +48,7 @@ _ITEMSIZE = {
     "int32": 4,
     "uint8": 1,
     "int8": 1,
+    "float8_e4m3fn": 1,
 }
 
 
@@ -232,7 +239,14 @@ def _numpy_dtype(name, like=None):
     if name == "bfloat16":
         if like is not None and like.dtype.name == "bfloat16":
             return like.dtype
+        ml = sys.modules.get("ml_dtypes")
+        if like is not None and like.dtype.name == "float8_e4m3fn" and ml is not None:
+            return np.dtype(ml.bfloat16)  # an FP8 forward's output, like its ml_dtypes inputs
         return np.dtype(np.uint16)
+    if name == "float8_e4m3fn":
+        if like is not None and like.dtype.name == "float8_e4m3fn":
+            return like.dtype
+        return np.dtype(np.uint8)
     return np.dtype(name)
 
 
@@ -259,7 +273,7 @@ def _cupy_empty(cupy, ref, shape, name):
         if index < 0:
             index = cupy.cuda.runtime.getDevice()
     with cupy.cuda.Device(index):
-        return cupy.empty(shape, dtype="uint16" if name == "bfloat16" else name)
+        return cupy.empty(shape, dtype={"bfloat16": "uint16", "float8_e4m3fn": "uint8"}.get(name, name))
 
 
 def empty_like(ref, shape, dtype=None):
@@ -318,3 +332,79 @@ def bf16_bits_to_float32(bits):
     if b.dtype != np.uint16:
         raise _lib.argument_error("bf16_bits_to_float32: expected uint16 bits, got %s" % b.dtype)
     return (b.astype(np.uint32).reshape(-1) << 16).view(np.float32).reshape(b.shape)
+
+
+# -- FP8 E4M3 ----------------------------------------------------------------
+
+
+def _fp8_e4m3_values():
+    """The value of every code 0..255 (float64), from the format: 1 sign, 4
+    exponent bits of bias 7, 3 mantissa bits, subnormals, S.1111.111 NaN."""
+    c = np.arange(256)
+    e, m = (c >> 3) & 15, (c & 7).astype(np.float64)
+    mag = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e.astype(np.float64) - 7))
+    mag = np.where((e == 15) & (c & 7 == 7), np.nan, mag)
+    return np.where(c & 0x80, -mag, mag)
+
+
+_FP8_VALUES = _fp8_e4m3_values()
+
+
+def fp8_e4m3_bits_to_float32(bits):
+    """float32 values of FP8 E4M3 codes (a ``uint8`` array, or an
+    ``ml_dtypes.float8_e4m3fn`` one), exactly; the NaN codes give NaN."""
+    b = np.asarray(bits)
+    if b.dtype.name == "float8_e4m3fn":
+        return b.astype(np.float32)
+    if b.dtype != np.uint8:
+        raise _lib.argument_error("fp8_e4m3_bits_to_float32: expected uint8 codes, got %s" % b.dtype)
+    return _FP8_VALUES[b].astype(np.float32)
+
+
+def float32_to_fp8_e4m3_bits(x):
+    """FP8 E4M3 codes (``numpy.uint8``) of values, rounded to nearest even.
+    As PyTorch's conversion, not saturating: beyond 464 (halfway from the
+    largest value 448 to the next step, which the NaN code takes) and NaN
+    give the NaN code; +-0 keep their sign."""
+    a = np.asarray(x, dtype=np.float64)
+    mag = np.abs(a).reshape(-1)
+    pos = _FP8_VALUES[:127]  # codes 0x00 .. 0x7e, increasing
+    hi = np.clip(np.searchsorted(pos, mag, side="left"), 0, 126)
+    lo = np.clip(hi - 1, 0, 126)
+    d_lo, d_hi = mag - pos[lo], pos[hi] - mag
+    # nearest; on a tie the even code
+    code = np.where(d_lo < d_hi, lo, np.where(d_hi < d_lo, hi, np.where(lo % 2 == 0, lo, hi)))
+    code = np.where(np.isnan(mag) | (mag > 464), 0x7F, code)
+    code = np.where(mag == 464, 0x7E, code)
+    code = code | np.where(np.signbit(a.reshape(-1)), 0x80, 0)
+    return code.astype(np.uint8).reshape(np.shape(x))
+
+
+def float32_vector(ref, obj, n=None):
+    """``obj`` (a number or an array of any kind) as a contiguous 1-d float32
+    array of ``ref``'s kind on ``ref``'s device (NumPy for CPU arrays other
+    than PyTorch's); one value is repeated ``n`` times when ``n`` is given.
+    For the small per-call arrays of an FP8 forward (descales)."""
+    torch = sys.modules.get("torch")
+    if ref.kind == "torch":
+        t = obj if isinstance(obj, torch.Tensor) else torch.as_tensor(np.asarray(obj, dtype=np.float32))
+        t = t.detach().to(device=ref.obj.device, dtype=torch.float32).reshape(-1)
+        if n is not None and t.numel() == 1:
+            t = t.expand(n)
+        return t.contiguous()
+    if ref.device == "cpu":
+        if torch is not None and isinstance(obj, torch.Tensor):
+            obj = obj.detach().cpu().numpy()
+        a = np.asarray(obj, dtype=np.float32).reshape(-1)
+        if n is not None and a.size == 1:
+            a = np.full(n, a[0], dtype=np.float32)
+        return np.ascontiguousarray(a)
+    cupy = _module("cupy")
+    if cupy is None:
+        raise _lib.argument_error("cannot make a CUDA array for a %s array without CuPy: pass PyTorch tensors"
+                                  % ref.kind)
+    with cupy.cuda.Device(ref.device_index if ref.device_index >= 0 else cupy.cuda.runtime.getDevice()):
+        a = cupy.asarray(obj, dtype=cupy.float32).reshape(-1)
+        if n is not None and a.size == 1:
+            a = cupy.full(n, a[0], dtype=cupy.float32)
+        return cupy.ascontiguousarray(a)

@@ -23,13 +23,17 @@ byref = ctypes.byref
 # Names <-> enum values
 # ---------------------------------------------------------------------------
 
-_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
+_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "float8_e4m3fn": 4}
 _DTYPE_ALIASES = {
     "float32": "float32", "f32": "float32", "fp32": "float32", "float": "float32",
     "float16": "float16", "f16": "float16", "fp16": "float16", "half": "float16",
     "bfloat16": "bfloat16", "bf16": "bfloat16",
     "float64": "float64", "f64": "float64", "fp64": "float64", "double": "float64",
+    # API 1.2: OCP FP8 E4M3 (PyTorch's torch.float8_e4m3fn), forward only
+    "float8_e4m3fn": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn",
+    "float8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "f8e4m3": "float8_e4m3fn",
 }
+_FP8 = "float8_e4m3fn"
 _DEVICES = {"cpu": 0, "cuda": 1}
 _LAYOUTS = {"contiguous": 0, "zigzag": 1, "packed": 2}
 _MODES = {"all_gather": 0, "p2p": 1, "a2a": 2, "a2a_p2p": 3}
@@ -66,7 +70,7 @@ def _dtype_name(value, what="dtype"):
             key = None
     if key in _DTYPE_ALIASES:
         return _DTYPE_ALIASES[key]
-    raise argument_error("%s = %r: expected 'float32', 'float16' or 'bfloat16'" % (what, value))
+    raise argument_error("%s = %r: expected 'float32', 'float16', 'bfloat16' or 'fp8_e4m3'" % (what, value))
 
 
 def _int(value, what):
@@ -881,7 +885,47 @@ def _desc_of(d):
 
 
 def _dtype_ok(plan_dtype, arr_dtype):
-    return arr_dtype == plan_dtype or (plan_dtype == "bfloat16" and arr_dtype == "uint16")
+    return (arr_dtype == plan_dtype or (plan_dtype == "bfloat16" and arr_dtype == "uint16")
+            or (plan_dtype == _FP8 and arr_dtype == "uint8"))
+
+
+def _descale_args(args, descales, counts, like, func, problems):
+    """Put the descales of an FP8 forward (numbers, or arrays of 1 or
+    ``counts[i]`` values: per tensor or per head; a mix is made per head)
+    into ``args`` as float32 arrays on ``like``'s device; returns the arrays
+    to keep alive for the call."""
+    names = ("q_descale", "k_descale", "v_descale")
+    sizes = []
+    for name, value, n in zip(names, descales, counts):
+        if value is None:
+            sizes.append(0)
+            continue
+        if isinstance(value, bool):
+            problems.append("%s: %s = %r: expected a number or an array" % (func, name, value))
+            return []
+        try:
+            size = int(value.numel()) if hasattr(value, "numel") else int(np.prod(np.shape(value)))
+        except Exception:  # noqa: BLE001 - not array-like
+            problems.append("%s: %s = %r: expected a number or an array" % (func, name, value))
+            return []
+        if size not in (1, n):
+            problems.append("%s: %s has %d values, expected 1 (per tensor) or %d (per head)" % (func, name, size, n))
+            return []
+        sizes.append(size)
+    per_head = any(s > 1 for s in sizes)
+    keep = []
+    for name, value, n in zip(names, descales, counts):
+        if value is None:
+            continue
+        try:
+            arr = _arrays.float32_vector(like, value, n if per_head else None)
+        except (Error, TypeError, ValueError) as e:
+            problems.append("%s: %s = %r: %s" % (func, name, value, getattr(e, "message", e)))
+            return []
+        setattr(args, name, _arrays.view(arr, "%s: %s" % (func, name)).ptr)
+        keep.append(arr)
+    args.descale_per_head = 1 if per_head else 0
+    return keep
 
 
 class AttnPlan(_Handle):
@@ -892,7 +936,11 @@ class AttnPlan(_Handle):
         group: the CP :class:`Group` (kept alive by the plan).
         dtype: storage type of q, k, v, out and gradients: ``"float32"``,
             ``"float16"`` or ``"bfloat16"`` (NumPy and CuPy: ``uint16``
-            arrays of bf16 bits; NumPy also ``ml_dtypes.bfloat16``).
+            arrays of bf16 bits; NumPy also ``ml_dtypes.bfloat16``); or
+            ``"fp8_e4m3"`` (API 1.2): q, k, v in OCP FP8 E4M3 (PyTorch's
+            ``torch.float8_e4m3fn``, ``ml_dtypes.float8_e4m3fn``, or
+            ``uint8`` arrays of the codes), out in bfloat16, forward only,
+            with per-tensor or per-head descales (:meth:`forward`).
         batch: sequences per batch (1 for ``layout="packed"``).
         seq_len: the GLOBAL sequence length (all ranks together).
         num_heads, num_kv_heads: query and key/value heads (GQA when
@@ -986,6 +1034,11 @@ class AttnPlan(_Handle):
         """Shape of this rank's log-sum-exp, float32 [batch, num_heads, tokens]."""
         return (self.desc.batch, self.desc.num_heads, self.local_seq_len)
 
+    @property
+    def out_dtype(self):
+        """Element type of out: the plan's dtype, bfloat16 for an FP8 plan."""
+        return "bfloat16" if self.desc.dtype == _FP8 else self.desc.dtype
+
     def workspace_size(self):
         """``(forward_bytes, backward_bytes)`` of workspace the plan's calls
         use (``cp_attn_workspace_size``); the plan allocates its own."""
@@ -1051,10 +1104,11 @@ class AttnPlan(_Handle):
 
     # -- calls -----------------------------------------------------------
 
-    def forward(self, q, k, v, pack=None, sinks=None):
+    def forward(self, q, k, v, pack=None, sinks=None, q_descale=None, k_descale=None, v_descale=None):
         """CP attention forward (collective over the group): returns
         ``(out, lse)`` for this rank's queries, allocated like ``q`` (out in
-        the plan's dtype, lse float32 [batch, num_heads, tokens]): NumPy
+        the plan's dtype, bfloat16 for an FP8 plan; lse float32 [batch,
+        num_heads, tokens]): NumPy
         for NumPy, PyTorch for PyTorch, CuPy for CuPy; for a CUDA ``q`` of
         another kind (only ``__cuda_array_interface__`` or DLPack), CuPy
         arrays when CuPy can be imported, else PyTorch tensors (bfloat16:
@@ -1062,9 +1116,14 @@ class AttnPlan(_Handle):
 
         ``pack``: the :class:`Pack` of a packed plan (the same on every
         rank). ``sinks``: a plan with sinks takes the num_heads float32 sink
-        logits (host memory). Bad arguments raise :class:`ArgumentError`
-        after this rank has still taken part in the call, so that the
-        other ranks fail at once with ``Status.MISMATCH``.
+        logits (host memory). ``q_descale``, ``k_descale``, ``v_descale``:
+        an FP8 plan's dequantisation scales (a stored element's value is
+        its FP8 value times the descale; None = 1): numbers, or arrays of
+        one value (per tensor) or of num_heads (q) / num_kv_heads (k, v)
+        values (per head; the whole tensor's heads, equal on every rank).
+        Bad arguments raise :class:`ArgumentError` after this rank has
+        still taken part in the call, so that the other ranks fail at once
+        with ``Status.MISMATCH``.
         """
         func = "AttnPlan.forward"
         h = self._h
@@ -1075,14 +1134,24 @@ class AttnPlan(_Handle):
         kr = self._tensor(k, "k", self.k_shape, d.dtype, func, problems)
         vr = self._tensor(v, "v", self.v_shape, d.dtype, func, problems)
         args, _, _ = self._extra(pack, sinks, func, problems, False)
+        descales = (q_descale, k_descale, v_descale)
+        keep = []
+        if any(x is not None for x in descales) and not problems:
+            if d.dtype != _FP8:
+                problems.append("%s: descales are for FP8 plans (dtype 'fp8_e4m3'); the plan's dtype is %s"
+                                % (func, d.dtype))
+            else:
+                keep = _descale_args(args, descales, (d.num_heads, d.num_kv_heads, d.num_kv_heads), qr, func,
+                                     problems)
         if problems:
             lib.cp_attn_forward_ex(h, None, None, None, None, None, None)  # take part, then fail
             raise argument_error(problems[0])
-        out = _arrays.empty_like(qr, self.out_shape)
+        out = _arrays.empty_like(qr, self.out_shape, None if d.dtype != _FP8 else "bfloat16")
         lse = _arrays.empty_like(qr, self.lse_shape, "float32")
         o = _arrays.view(out, "out")
         ls = _arrays.view(lse, "lse")
         check(lib.cp_attn_forward_ex(h, qr.ptr, kr.ptr, vr.ptr, o.ptr, ls.ptr, byref(args)))
+        del keep
         return out, lse
 
     def backward(self, q, k, v, out, lse, dout, pack=None, sinks=None):
@@ -1092,12 +1161,18 @@ class AttnPlan(_Handle):
         sum it over the ranks like any replicated parameter's gradient).
         ``out`` and ``lse`` are the forward's; ``dout`` the gradient of the
         loss with respect to ``out``. dk and dv are summed over every
-        rank's queries."""
+        rank's queries. An FP8 plan has no backward: it raises
+        :class:`Error` with ``Status.UNSUPPORTED`` (after taking part in the
+        call, so that the other ranks fail at once too)."""
         func = "AttnPlan.backward"
         h = self._h
         lib = _lib.get()
         problems = []
         d = self.desc
+        if d.dtype == _FP8:
+            lib.cp_attn_backward_ex(h, None, None, None, None, None, None, None, None, None, None)  # take part
+            raise Error(Status.UNSUPPORTED, "%s: the plan's dtype is fp8_e4m3 (float8_e4m3fn): FP8 plans are "
+                        "forward only (API 1.2); a backward needs a float32, float16 or bfloat16 plan" % func)
         qr = self._tensor(q, "q", self.q_shape, d.dtype, func, problems)
         kr = self._tensor(k, "k", self.k_shape, d.dtype, func, problems)
         vr = self._tensor(v, "v", self.v_shape, d.dtype, func, problems)
@@ -1347,7 +1422,8 @@ class CkptMeta(_Handle):
 # ---------------------------------------------------------------------------
 
 
-def _kernel_args(ctx, q, k, v, causal, q_offset, k_offset, softmax_scale, window, softcap, format, rects, func):
+def _kernel_args(ctx, q, k, v, causal, q_offset, k_offset, softmax_scale, window, softcap, format, rects, func,
+                 dtype=None):
     if not isinstance(ctx, Context):
         raise argument_error("%s: ctx must be a Context" % func)
     refs = []
@@ -1357,9 +1433,16 @@ def _kernel_args(ctx, q, k, v, causal, q_offset, k_offset, softmax_scale, window
             raise argument_error("%s: %s must be a C-contiguous 4-d array" % (func, name))
         refs.append(r)
     qr, kr, vr = refs
-    dtype = "bfloat16" if qr.dtype == "uint16" else qr.dtype
+    if dtype is not None:
+        dtype = _dtype_name(dtype)
+    elif qr.dtype == "uint8":
+        raise argument_error("%s: q is a uint8 array: FP8 codes need dtype='fp8_e4m3'" % func)
+    else:
+        dtype = "bfloat16" if qr.dtype == "uint16" else qr.dtype
     if dtype not in _DTYPES or any(not _dtype_ok(dtype, r.dtype) for r in refs):
-        raise argument_error("%s: q, k, v must share a float32, float16 or bfloat16 dtype" % func)
+        raise argument_error("%s: q, k, v must share a float32, float16, bfloat16 or fp8_e4m3 dtype (got %s, %s, %s%s)"
+                             % (func, qr.dtype, kr.dtype, vr.dtype,
+                                "" if dtype == qr.dtype else "; dtype=%r" % dtype))
     fmt = _choice(format, _FORMATS, "format")
     b_ax, s_ax = (0, 1) if fmt == 0 else (1, 0)
     if kr.shape[b_ax] != qr.shape[b_ax] or kr.shape[3] != qr.shape[3]:
@@ -1374,7 +1457,8 @@ def _kernel_args(ctx, q, k, v, causal, q_offset, k_offset, softmax_scale, window
                             softmax_scale=_float(softmax_scale, "softmax_scale"), window=_int(window, "window"),
                             softcap=_float(softcap, "softcap"))
     a.q, a.k, a.v = qr.ptr, kr.ptr, vr.ptr
-    a.o_dtype = a.grad_dtype = _DTYPES[dtype]
+    # an FP8 call writes bfloat16
+    a.o_dtype = a.grad_dtype = _DTYPES["bfloat16" if dtype == _FP8 else dtype]
     keep = None
     if rects is not None:
         keep = (_lib.AttnRect * max(len(rects), 1))(*[_lib.AttnRect(*map(int, r)) for r in rects])
@@ -1387,34 +1471,52 @@ def _kernel_args(ctx, q, k, v, causal, q_offset, k_offset, softmax_scale, window
 
 
 def kernel_attention_forward(ctx, q, k, v, causal=True, q_offset=0, k_offset=0, softmax_scale=0.0, window=0,
-                             softcap=0.0, format="bshd", rects=None):
+                             softcap=0.0, format="bshd", rects=None, dtype=None, q_descale=None, k_descale=None,
+                             v_descale=None):
     """Attention of one query block against one key/value block on one
     device (``cp_kernel_attn_forward``): returns ``(out, lse)``.
 
     Dense 4-d arrays in ``format``; ``q_offset`` / ``k_offset`` are the
     global positions of the first rows (the causal mask and window compare
     positions); ``rects``: optional ``(q_row, q_len, k_row, k_len, q_pos,
-    k_pos)`` rectangles (then the offsets are not used)."""
+    k_pos)`` rectangles (then the offsets are not used). ``dtype``: the
+    arrays' element type when their own does not say it (``uint8`` codes
+    need ``dtype="fp8_e4m3"``). FP8 (API 1.2): out is bfloat16; the
+    descales (None = 1) are numbers or arrays of 1 or of the call's
+    num_heads (q) / num_kv_heads (k, v) values, as for
+    :meth:`AttnPlan.forward`."""
     func = "kernel_attention_forward"
     a, qr, kr, vr, out_shape, lse_shape, keep = _kernel_args(ctx, q, k, v, causal, q_offset, k_offset, softmax_scale,
-                                                             window, softcap, format, rects, func)
-    out = _arrays.empty_like(qr, out_shape)
+                                                             window, softcap, format, rects, func, dtype)
+    descales = (q_descale, k_descale, v_descale)
+    kept = []
+    if any(x is not None for x in descales):
+        if a.dtype != _DTYPES[_FP8]:
+            raise argument_error("%s: descales are for FP8 inputs (dtype 'fp8_e4m3')" % func)
+        problems = []
+        kept = _descale_args(a, descales, (a.num_heads, a.num_kv_heads, a.num_kv_heads), qr, func, problems)
+        if problems:
+            raise argument_error(problems[0])
+    out = _arrays.empty_like(qr, out_shape, "bfloat16" if a.dtype == _DTYPES[_FP8] else None)
     lse = _arrays.empty_like(qr, lse_shape, "float32")
     a.o = _arrays.view(out, "out").ptr
     a.lse = _arrays.view(lse, "lse").ptr
     check(_lib.get().cp_kernel_attn_forward(ctx._h, byref(a)))
-    del keep
+    del keep, kept
     return out, lse
 
 
 def kernel_attention_backward(ctx, q, k, v, out, lse, dout, causal=True, q_offset=0, k_offset=0, softmax_scale=0.0,
-                              window=0, softcap=0.0, format="bshd", rects=None):
+                              window=0, softcap=0.0, format="bshd", rects=None, dtype=None):
     """Gradients of one block's attention (``cp_kernel_attn_backward``):
     returns ``(dq, dk, dv)`` from the forward's ``out`` and ``lse`` and
-    ``dout``; other arguments as :func:`kernel_attention_forward`."""
+    ``dout``; other arguments as :func:`kernel_attention_forward` (FP8 has
+    no backward: ``Status.UNSUPPORTED``)."""
     func = "kernel_attention_backward"
     a, qr, kr, vr, out_shape, lse_shape, keep = _kernel_args(ctx, q, k, v, causal, q_offset, k_offset, softmax_scale,
-                                                             window, softcap, format, rects, func)
+                                                             window, softcap, format, rects, func, dtype)
+    if a.dtype == _DTYPES[_FP8]:
+        raise Error(Status.UNSUPPORTED, "%s: FP8 (float8_e4m3fn) attention is forward only (API 1.2)" % func)
     for name, obj, shape, dt in (("out", out, out_shape, qr.dtype), ("lse", lse, lse_shape, "float32"),
                                  ("dout", dout, out_shape, qr.dtype)):
         r = _arrays.view(obj, "%s: %s" % (func, name))

@@ -206,6 +206,11 @@ class AttnArgs(_Sized):
         ("dsinks", c_void_p),
         ("workspace", c_void_p),
         ("workspace_bytes", c_size_t),
+        # API 1.2 (a 1.1 library reads only as far as its own struct)
+        ("q_descale", c_void_p),
+        ("k_descale", c_void_p),
+        ("v_descale", c_void_p),
+        ("descale_per_head", c_int),
     ]
 
 
@@ -262,6 +267,10 @@ class KernelAttnArgs(_Sized):
             ("softcap", c_double),
             ("rects", c_void_p),
             ("num_rects", c_int64),
+            ("q_descale", c_void_p),
+            ("k_descale", c_void_p),
+            ("v_descale", c_void_p),
+            ("descale_per_head", c_int),
         ]
     )
 

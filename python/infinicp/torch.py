@@ -16,12 +16,16 @@ Tensors: CPU tensors go to CPU contexts, CUDA tensors to CUDA contexts
 (work is ordered on PyTorch's current stream, which is set on the plan's
 context before every call). A plan with sinks needs a CPU context in this
 version of the library.
+
+FP8 (API 1.2): a plan of dtype ``"fp8_e4m3"`` takes ``torch.float8_e4m3fn``
+q, k, v with their descales and returns bfloat16; it is forward only (CPU
+contexts for now): under autograd, inputs that require grad are refused.
 """
 
 import torch
 
 from . import _core
-from ._lib import Error, argument_error
+from ._lib import Error, Status, argument_error
 
 __all__ = ["attention", "shard", "gather", "nccl_group", "Attention"]
 
@@ -44,16 +48,31 @@ def _sinks_arg(sinks):
     return s.contiguous()
 
 
+def _fp8_forward_only(plan, what):
+    return Error(Status.UNSUPPORTED, "%s: the plan's dtype is fp8_e4m3 (torch.float8_e4m3fn): FP8 plans are forward "
+                 "only (API 1.2), so q, k, v, sinks and descales must not require grad (detach them, or run under "
+                 "torch.no_grad())" % what)
+
+
 class Attention(torch.autograd.Function):
     """The autograd function behind :func:`attention`:
-    ``Attention.apply(q, k, v, sinks, plan, pack)``."""
+    ``Attention.apply(q, k, v, sinks, plan, pack, descales)`` (descales: a
+    tuple ``(q_descale, k_descale, v_descale)`` or None)."""
 
     @staticmethod
-    def forward(fctx, q, k, v, sinks, plan, pack):
+    def forward(fctx, q, k, v, sinks, plan, pack, descales=None):
         _use_current_stream(plan, q)
         qc, kc, vc = (t.detach().contiguous() for t in (q, k, v))
         s = _sinks_arg(sinks)
-        out, lse = plan.forward(qc, kc, vc, pack=pack, sinks=s)
+        ds = {}
+        if descales is not None:
+            ds = {n: (d.detach() if isinstance(d, torch.Tensor) else d)
+                  for n, d in zip(("q_descale", "k_descale", "v_descale"), descales)}
+        out, lse = plan.forward(qc, kc, vc, pack=pack, sinks=s, **ds)
+        fctx.fp8 = plan.desc.dtype == _core._FP8
+        if fctx.fp8:
+            fctx.mark_non_differentiable(out)
+            return out
         fctx.save_for_backward(qc, kc, vc, out, lse, s)
         fctx.plan = plan
         fctx.pack = pack
@@ -62,6 +81,8 @@ class Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx, dout):
+        if fctx.fp8:
+            raise _fp8_forward_only(None, "infinicp.torch.attention")
         qc, kc, vc, out, lse, s = fctx.saved_tensors
         plan = fctx.plan
         _use_current_stream(plan, dout)  # autograd runs it on the forward's stream
@@ -69,10 +90,10 @@ class Attention(torch.autograd.Function):
         dsinks = None
         if s is not None and fctx.needs_input_grad[3]:
             dsinks = res[3].to(fctx.sinks_dtype)
-        return res[0], res[1], res[2], dsinks, None, None
+        return res[0], res[1], res[2], dsinks, None, None, None
 
 
-def attention(q, k, v, plan, pack=None, sinks=None):
+def attention(q, k, v, plan, pack=None, sinks=None, q_descale=None, k_descale=None, v_descale=None):
     """CP attention of this rank's tokens (collective over the plan's
     group): returns ``out`` for q, differentiable in q, k, v and ``sinks``.
 
@@ -82,7 +103,10 @@ def attention(q, k, v, plan, pack=None, sinks=None):
     sink logits of a plan with sinks (a CPU tensor; its gradient is this
     rank's share: sum it over the DPxCP group like any replicated
     parameter's gradient). The backward calls the library's backward with
-    the saved out and lse on the stream autograd runs it on.
+    the saved out and lse on the stream autograd runs it on. ``q_descale``, ``k_descale``,
+    ``v_descale``: an FP8 plan's descales (floats, or tensors of one value
+    or of one per head), as for :meth:`infinicp.AttnPlan.forward`; its
+    output is bfloat16 and has no gradient (FP8 plans are forward only).
 
     Every rank must run its forward and its backward at the same time as
     the others (one thread or process per rank). In-process ranks on one
@@ -94,7 +118,16 @@ def attention(q, k, v, plan, pack=None, sinks=None):
     if not isinstance(plan, _core.AttnPlan):
         raise argument_error("infinicp.torch.attention: plan must be an infinicp.AttnPlan, got %s"
                              % type(plan).__name__)
-    return Attention.apply(q, k, v, sinks, plan, pack)
+    descales = (q_descale, k_descale, v_descale)
+    if plan.desc.dtype == _core._FP8:
+        # no rank gets to a collective call: every rank of the plan refuses alike
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (q, k, v, sinks) + descales):
+            raise _fp8_forward_only(plan, "infinicp.torch.attention")
+    elif any(d is not None for d in descales):
+        raise argument_error("infinicp.torch.attention: descales are for FP8 plans (dtype 'fp8_e4m3'); the plan's "
+                             "dtype is %s" % plan.desc.dtype)
+    return Attention.apply(q, k, v, sinks, plan, pack, descales)
 
 
 def _positions(plan_or_layout, rank, seq_len, cp_size):

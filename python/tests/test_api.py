@@ -41,7 +41,7 @@ def test_version():
     info = infinicp.version_info()
     assert v == "%d.%d.%d" % info
     assert info >= (1, 1, 0) and info[0] == 1
-    assert infinicp.__version__ == "1.1.0"
+    assert infinicp.__version__ == "1.2.0"
     assert infinicp.library_path()
 
 
