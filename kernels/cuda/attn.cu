@@ -38,11 +38,19 @@ cp_status make_params(const cp_kernel_attn_args *a, int backward, const char *fu
     if (!a)
         return fail(CP_ERROR_INVALID_ARGUMENT, "%s: a is NULL", func);
     *p = attn_params();
+    const bool fp8 = a->dtype == CP_DTYPE_FP8_E4M3;
     const bool storage_ok = a->dtype == CP_DTYPE_F32 || a->dtype == CP_DTYPE_F16 || a->dtype == CP_DTYPE_BF16;
-    if (!storage_ok)
-        return fail(CP_ERROR_UNSUPPORTED, "%s: a->dtype = %d (the CUDA kernels take F32, F16 or BF16)", func,
-                    (int)a->dtype);
-    if (a->o_dtype != a->dtype && a->o_dtype != CP_DTYPE_F32)
+    if (!storage_ok && !fp8)
+        return fail(CP_ERROR_UNSUPPORTED, "%s: a->dtype = %d (the CUDA kernels take F32, F16, BF16 or FP8_E4M3)",
+                    func, (int)a->dtype);
+    // API 1.2: FP8 q, k, v for the forward, out in BF16 (or F32 partials)
+    if (fp8 && backward)
+        return fail(CP_ERROR_UNSUPPORTED, "%s: a->dtype = CP_DTYPE_FP8_E4M3 (FP8 attention is forward only)", func);
+    if (fp8 && a->o_dtype != CP_DTYPE_BF16 && a->o_dtype != CP_DTYPE_F32)
+        return fail(CP_ERROR_INVALID_ARGUMENT,
+                    "%s: a->o_dtype = %d (with FP8_E4M3 inputs it must be CP_DTYPE_BF16 or CP_DTYPE_F32)", func,
+                    (int)a->o_dtype);
+    if (!fp8 && a->o_dtype != a->dtype && a->o_dtype != CP_DTYPE_F32)
         return fail(CP_ERROR_INVALID_ARGUMENT, "%s: a->o_dtype = %d (must be a->dtype or CP_DTYPE_F32)", func,
                     (int)a->o_dtype);
     if (backward && a->grad_dtype != a->dtype && a->grad_dtype != CP_DTYPE_F32)
@@ -86,6 +94,10 @@ cp_status make_params(const cp_kernel_attn_args *a, int backward, const char *fu
         p->cap_out = (float)(a->softcap * 1.4426950408889634);
     }
     p->rects = a->rects || a->window || a->softcap != 0;
+    p->qd = a->q_descale;
+    p->kd = a->k_descale;
+    p->vd = a->v_descale;
+    p->dph = a->descale_per_head;
 
     const int64_t B = p->B;
     auto view = [&](const void *ptr, int64_t sb, int64_t ss, int64_t sh, int64_t S, int64_t H, int64_t D) {
@@ -122,7 +134,7 @@ cp_status make_params(const cp_kernel_attn_args *a, int backward, const char *fu
 
     // 16-byte loads of whole head rows: aligned bases and strides, and head
     // dims of whole 16-byte chunks.
-    const size_t es = a->dtype == CP_DTYPE_F32 ? 4 : 2;
+    const size_t es = a->dtype == CP_DTYPE_F32 ? 4 : fp8 ? 1 : 2;
     const int64_t per = (int64_t)(16 / es);
     auto aligned = [&](const tensor &t) {
         return (uintptr_t)t.p % 16 == 0 && t.sb % per == 0 && t.ss % per == 0 && t.sh % per == 0;
@@ -165,6 +177,8 @@ constexpr bool SIMT_RECTS = true;
 
 attn_path choose(const state *s, const attn_params &p, int backward)
 {
+    if (p.dt == CP_DTYPE_FP8_E4M3) // API 1.2: the SIMT forward, while it is experimental (knobs.cuh)
+        return s->knob.fp8 && !backward && simt_fits(s, p, 0) ? PATH_SIMT : PATH_AUTO;
     if (p.rects) {
         // API 1.1: the rectangle kernels (mma.sync for 16-bit types, SIMT
         // for F32 and what the tensor-core tiles do not take)
@@ -209,6 +223,11 @@ cp_status workspace_for(const state *s, const attn_params &p, int backward, attn
 
 cp_status unsupported(const attn_params &p, const char *func)
 {
+    if (p.dt == CP_DTYPE_FP8_E4M3)
+        return fail(CP_ERROR_UNSUPPORTED,
+                    "%s: a->dtype = CP_DTYPE_FP8_E4M3 is not enabled on CUDA in this version (experimental: "
+                    "INFINICP_CUDA_FP8=simt runs it on the fp32 SIMT kernels)",
+                    func);
     if (p.rects)
         return fail(CP_ERROR_UNSUPPORTED,
                     "%s: no CUDA path for rectangles, windows or softcaps with head_dim %d, head_dim_v %d, "

@@ -239,6 +239,8 @@ unsigned blocks_for(int64_t n, int threads)
 bool blas_fits(const attn_params &p, int backward)
 {
     auto fits = [](const tensor &t, int dim) { return t.ss >= dim && t.ss <= INT_MAX; };
+    if (p.dt != CP_DTYPE_F32 && p.dt != CP_DTYPE_F16 && p.dt != CP_DTYPE_BF16)
+        return false; // FP8 (API 1.2) takes the SIMT kernels
     if (p.Sk > INT_MAX / 2 || p.Sq > INT_MAX / 2 || !fits(p.q, p.D) || !fits(p.k, p.D) || !fits(p.v, p.Dv))
         return false;
     if (p.B > INT_MAX || (int64_t)p.Sk * p.D > (int64_t)1 << 40)

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Fused block attention in plain fp32 arithmetic: the exact path for F32
 // (no TF32, accurate exp2 / log2) and the generic path for any dtype and any
-// head dim whose tiles fit in shared memory.
+// head dim whose tiles fit in shared memory. It is also the FP8 (E4M3,
+// API 1.2) forward for now: tiles decode to fp32 with the descales folded
+// into the query tile's multiplier (q and k) and the value tile's (v).
 //
 // A block owns R rows (query rows in the forward and dQ kernels, key rows in
 // the dK/dV kernel) with 8 threads per row; tiles of the other side have R
@@ -98,7 +100,9 @@ __global__ void __launch_bounds__(R * TPR) fwd_kernel(attn_params p)
     const int64_t b = blockIdx.z, i = i0 + r;
     const int64_t nq = p.Sq - i0 < R ? p.Sq - i0 : R;
 
-    load_tile<R>(Qs, QP, p.q, p.dt, b, i0, p.Sq, h, D, p.c); // base-2 scores
+    // base-2 scores (FP8: the q and k descales folded in; 1 otherwise)
+    const float qmul = p.c * (descale(p.qd, p.dph, h) * descale(p.kd, p.dph, hk)), vmul = descale(p.vd, p.dph, hk);
+    load_tile<R>(Qs, QP, p.q, p.dt, b, i0, p.Sq, h, D, qmul);
     zero_tile<R>(Os, OP, Dv);
     __syncthreads();
     float m = -INFINITY, l = 0.0f;
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(R * TPR) fwd_kernel(attn_params p)
     for (int64_t k0 = 0; k0 < kend; k0 += R) {
         __syncthreads(); // the previous tile is no longer read
         load_tile<R>(Ks, KP, p.k, p.dt, b, k0, p.Sk, hk, D, 1.0f);
-        load_tile<R>(Vs, Dv, p.v, p.dt, b, k0, p.Sk, hk, Dv, 1.0f);
+        load_tile<R>(Vs, Dv, p.v, p.dt, b, k0, p.Sk, hk, Dv, vmul);
         __syncthreads();
         float s[R / TPR];
         float mx = -INFINITY;
@@ -363,8 +367,10 @@ __global__ void __launch_bounds__(R * TPR) fwd_rect_kernel(attn_params p)
     const int64_t nq = p.Sq - i0 < R ? p.Sq - i0 : R;
     const int bs = p.rs.by_q.start[tile], be = p.rs.by_q.start[tile + 1];
 
-    // base-2 scores, or the softcap's argument
-    load_tile<R>(Qs, QP, p.q, p.dt, b, i0, p.Sq, h, D, p.softcap ? p.cap_in : p.c);
+    // base-2 scores, or the softcap's argument (FP8: times the q and k descales)
+    const float qmul = (p.softcap ? p.cap_in : p.c) * (descale(p.qd, p.dph, h) * descale(p.kd, p.dph, hk));
+    const float vmul = descale(p.vd, p.dph, hk);
+    load_tile<R>(Qs, QP, p.q, p.dt, b, i0, p.Sq, h, D, qmul);
     zero_tile<R>(Os, OP, Dv);
     __syncthreads();
     float m = -INFINITY, l = 0.0f;
@@ -377,7 +383,7 @@ __global__ void __launch_bounds__(R * TPR) fwd_rect_kernel(attn_params p)
         for (int64_t k0 = klo; k0 < khi; k0 += R) {
             __syncthreads(); // the previous tile is no longer read
             load_tile<R>(Ks, KP, p.k, p.dt, b, k0, bd.k1, hk, D, 1.0f);
-            load_tile<R>(Vs, Dv, p.v, p.dt, b, k0, bd.k1, hk, Dv, 1.0f);
+            load_tile<R>(Vs, Dv, p.v, p.dt, b, k0, bd.k1, hk, Dv, vmul);
             __syncthreads();
             const int lo = tile_col<R>(rlo, k0), hi = tile_col<R>(rhi, k0); // columns the row sees
             float s[R / TPR];

@@ -9,6 +9,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <infinicp/backend.h>
@@ -171,7 +172,17 @@ struct attn_params {
     int softcap;
     float cap_in, cap_out;
     rect_set rs;
+    // API 1.2 (FP8 forward, SIMT path): the stored value times its descale
+    // is the real one; NULL = 1; per head (dph) or one float each.
+    const float *qd, *kd, *vd;
+    int dph;
 };
+
+// A tensor's descale for head h (query head for q, kv head for k and v).
+__host__ __device__ inline float descale(const float *d, int per_head, int h)
+{
+    return d ? d[per_head ? h : 0] : 1.0f;
+}
 
 // Fill p from a (defaults resolved as the core does; checks what the kernels
 // rely on). func names the entry point in messages.
@@ -205,9 +216,11 @@ constexpr float LN2 = 0.6931471805599453f;
 __device__ __forceinline__ float get_f(float v) { return v; }
 __device__ __forceinline__ float get_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float get_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float get_f(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
 __device__ __forceinline__ void put_f(float &d, float v) { d = v; }
 __device__ __forceinline__ void put_f(__half &d, float v) { d = __float2half_rn(v); }
 __device__ __forceinline__ void put_f(__nv_bfloat16 &d, float v) { d = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void put_f(__nv_fp8_e4m3 &d, float v) { d = __nv_fp8_e4m3(v); } // to nearest, saturating
 
 // The same for an element of a runtime dtype.
 __device__ __forceinline__ float ld_f(const void *p, cp_dtype t, int64_t i)
@@ -215,6 +228,7 @@ __device__ __forceinline__ float ld_f(const void *p, cp_dtype t, int64_t i)
     switch (t) {
     case CP_DTYPE_F16: return get_f(static_cast<const __half *>(p)[i]);
     case CP_DTYPE_BF16: return get_f(static_cast<const __nv_bfloat16 *>(p)[i]);
+    case CP_DTYPE_FP8_E4M3: return get_f(static_cast<const __nv_fp8_e4m3 *>(p)[i]);
     case CP_DTYPE_F64: return (float)static_cast<const double *>(p)[i];
     default: return static_cast<const float *>(p)[i];
     }
@@ -225,6 +239,7 @@ __device__ __forceinline__ void st_f(void *p, cp_dtype t, int64_t i, float v)
     switch (t) {
     case CP_DTYPE_F16: put_f(static_cast<__half *>(p)[i], v); break;
     case CP_DTYPE_BF16: put_f(static_cast<__nv_bfloat16 *>(p)[i], v); break;
+    case CP_DTYPE_FP8_E4M3: put_f(static_cast<__nv_fp8_e4m3 *>(p)[i], v); break;
     case CP_DTYPE_F64: static_cast<double *>(p)[i] = v; break;
     default: static_cast<float *>(p)[i] = v; break;
     }
