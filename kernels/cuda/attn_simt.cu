@@ -15,6 +15,12 @@
 // dV (all query heads of a GQA group add into them in a fixed order), and a
 // second kernel per query tile recomputes the probabilities for dQ.
 //
+// Every product sums over the pairs a row (or key) sees only: a hidden
+// pair's P and dS are 0, but 0 x NaN is NaN, and a NaN or inf in a row of
+// q, k, v or dO that a row does not see must not reach it
+// (docs/RELIABILITY.md). Skipping exact zeros leaves finite results' bits
+// as they were.
+//
 // API 1.1 (p.rects: rectangle lists, windows, softcaps) takes kernels of its
 // own with the same tiles and arithmetic; the dense ones stay as they are.
 // A block takes one tile of the call's tile index (attn_rect.cu, in launch
@@ -78,6 +84,14 @@ __device__ __forceinline__ float row_sum(float x)
     return x + __shfl_xor_sync(0xffffffffu, x, 4);
 }
 
+// x - t0 clamped to the columns [0, R] of a tile starting at t0.
+template <int R>
+__device__ __forceinline__ int tile_col(int64_t x, int64_t t0)
+{
+    const int64_t c = x - t0;
+    return c < 0 ? 0 : c > R ? R : (int)c;
+}
+
 template <int R>
 struct fwd_smem {
     static size_t floats(int D, int Dv)
@@ -138,9 +152,11 @@ __global__ void __launch_bounds__(R * TPR) fwd_kernel(attn_params p)
         l = l * alpha + row_sum(ps);
         m = mnew;
         __syncwarp(); // the row's probabilities are written by its own 8 lanes
+        // only the keys the row sees: a hidden one's P is 0, but 0 x NaN is not
+        const int hi = tile_col<R>(visible_keys(p, i), k0);
         for (int dv = c8; dv < Dv; dv += TPR) {
             float acc = Os[r * OP + dv] * alpha;
-            for (int j = 0; j < R; j++)
+            for (int j = 0; j < hi; j++)
                 acc += Ps[r * PP + j] * Vs[j * Dv + dv];
             Os[r * OP + dv] = acc;
         }
@@ -226,15 +242,17 @@ __global__ void __launch_bounds__(R * TPR) dkdv_kernel(attn_params p)
                 dSTs[r * PP + ii] = vis ? p.scale * pv * (dp - drs[ii]) : 0.0f; // a hidden dP may be NaN
             }
             __syncwarp();
+            // only the query rows that see the key: 0 x NaN is not 0
+            const int lo = tile_col<R>(first_query(p, j), i0), hi = tile_col<R>(p.Sq, i0);
             for (int d = c8; d < Dv; d += TPR) {
                 float acc = dVs[r * VP + d];
-                for (int ii = 0; ii < R; ii++)
+                for (int ii = lo; ii < hi; ii++)
                     acc += PTs[r * PP + ii] * dOs[ii * OP + d];
                 dVs[r * VP + d] = acc;
             }
             for (int d = c8; d < D; d += TPR) {
                 float acc = dKs[r * KP + d];
-                for (int ii = 0; ii < R; ii++)
+                for (int ii = lo; ii < hi; ii++)
                     acc += dSTs[r * PP + ii] * Qs[ii * QP + d];
                 dKs[r * KP + d] = acc;
             }
@@ -299,9 +317,10 @@ __global__ void __launch_bounds__(R * TPR) dq_kernel(attn_params p)
             dSs[r * PP + jj] = vis ? p.scale * pv * (dp - dr) : 0.0f; // a hidden dP may be NaN
         }
         __syncwarp();
+        const int hi = tile_col<R>(visible_keys(p, i), k0); // the keys the row sees (0 x NaN is not 0)
         for (int d = c8; d < D; d += TPR) {
             float acc = dQs[r * QP + d];
-            for (int jj = 0; jj < R; jj++)
+            for (int jj = 0; jj < hi; jj++)
                 acc += dSs[r * PP + jj] * Ks[jj * KP + d];
             dQs[r * QP + d] = acc;
         }
@@ -340,14 +359,6 @@ __device__ __forceinline__ void tile_queries(const band &r, int64_t j0, int64_t 
     int64_t x;
     band_queries(r, ka, qlo, &x);
     band_queries(r, kb - 1, &x, qhi);
-}
-
-// x - t0 clamped to the columns [0, R] of a tile starting at t0.
-template <int R>
-__device__ __forceinline__ int tile_col(int64_t x, int64_t t0)
-{
-    const int64_t c = x - t0;
-    return c < 0 ? 0 : c > R ? R : (int)c;
 }
 
 // The forward over the query tile p.rs.by_q.order[blockIdx.x / H] of head
