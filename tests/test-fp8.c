@@ -46,6 +46,7 @@
 
 #include "attn_model.h"
 #include "core/context.h"
+#include "cpuctx.h"
 #include "core/fp8.h"
 #include "cpref.h"
 #include "faulty.h"
@@ -71,39 +72,17 @@ static int same_value(double a, double b, int sign)
 
 /* ---- contexts: every ISA this machine has, several thread counts -------- */
 
-#define MAX_CTX 6
-static struct {
-    cp_context *ctx;
-    char name[32];
-} ctxs[MAX_CTX];
-static int nctx;
-
-static void add_ctx(const char *isa, int threads)
-{
-    if (isa)
-        setenv("INFINICP_CPU_ISA", isa, 1);
-    cp_context_config cfg = CP_CONTEXT_CONFIG_INIT;
-    cfg.num_threads = threads;
-    cp_context *ctx = NULL;
-    cp_status s = cp_context_create(&cfg, &ctx);
-    unsetenv("INFINICP_CPU_ISA");
-    if (s == CP_ERROR_UNSUPPORTED && isa)
-        return; /* this processor lacks the ISA */
-    assert_int_equal(s, CP_SUCCESS);
-    ctxs[nctx].ctx = ctx;
-    snprintf(ctxs[nctx].name, sizeof ctxs[nctx].name, "%s/%dt", isa ? isa : "default", threads);
-    nctx++;
-}
+static cpuctx_set cs;
 
 static int setup(void **state)
 {
     (void)state;
-    add_ctx(NULL, 1);
-    add_ctx(NULL, 3);
+    cpuctx_add(&cs, NULL, 1);
+    cpuctx_add(&cs, NULL, 3);
     if (!quick()) {
-        add_ctx("avx512", 2);
-        add_ctx("avx2", 2);
-        add_ctx("generic", 2);
+        cpuctx_add(&cs, "avx512", 2);
+        cpuctx_add(&cs, "avx2", 2);
+        cpuctx_add(&cs, "generic", 2);
     }
     return 0;
 }
@@ -111,9 +90,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    for (int i = 0; i < nctx; i++)
-        cp_context_destroy(ctxs[i].ctx);
-    nctx = 0;
+    cpuctx_close_all(&cs);
     return 0;
 }
 
@@ -144,7 +121,7 @@ static void test_decode_every_code(void **state)
                      (double)cpi_fp8_e4m3_to_f32((uint8_t)c), ref_fp8_e4m3_decode((uint8_t)c));
 
     /* the CPU backend's conversion, to every type that holds them all */
-    cp_context *ctx = ctxs[0].ctx;
+    cp_context *ctx = cs.c[0].ctx;
     float f32[256];
     double f64[256];
     uint16_t bf16[256];
@@ -165,7 +142,7 @@ static void test_decode_every_code(void **state)
     const uint8_t one = 0x38;
     float o32[256], lse;
     uint16_t o16[256];
-    for (int i = 0; i < nctx; i++)
+    for (int i = 0; i < cs.n; i++)
         for (int bf = 0; bf < 2; bf++) {
             cp_kernel_attn_args a = CP_KERNEL_ATTN_ARGS_INIT;
             a.dtype = FP8;
@@ -177,13 +154,13 @@ static void test_decode_every_code(void **state)
             a.o = bf ? (void *)o16 : (void *)o32;
             a.o_dtype = bf ? CP_DTYPE_BF16 : CP_DTYPE_F32;
             a.lse = &lse;
-            if (cp_kernel_attn_forward(ctxs[i].ctx, &a) != CP_SUCCESS)
-                fail_msg("%s: %s", ctxs[i].name, cp_last_error());
+            if (cp_kernel_attn_forward(cs.c[i].ctx, &a) != CP_SUCCESS)
+                fail_msg("%s: %s", cs.c[i].name, cp_last_error());
             for (int c = 0; c < 256; c++) {
                 const double got = bf ? ref_load(o16, CP_DTYPE_BF16, (size_t)c) : o32[c];
                 if (!same_value(got, ref_fp8_e4m3_decode((uint8_t)c), 0))
                     fail_msg("%s: code 0x%02x through the kernel (o %s) is %.9g, the format says %.9g",
-                             ctxs[i].name, c, bf ? "BF16" : "F32", got, ref_fp8_e4m3_decode((uint8_t)c));
+                             cs.c[i].name, c, bf ? "BF16" : "F32", got, ref_fp8_e4m3_decode((uint8_t)c));
             }
             assert_true(lse == 1.0f); /* one key of score 1 * 1 * scale 1 */
         }
@@ -194,7 +171,7 @@ static void test_decode_every_code(void **state)
 static void test_encode(void **state)
 {
     (void)state;
-    cp_context *ctx = ctxs[0].ctx;
+    cp_context *ctx = cs.c[0].ctx;
     enum { N = 4096 };
     static double x[N];
     static uint8_t got[N];
@@ -481,27 +458,27 @@ static void test_kernel_cases(void **state)
         void *o = malloc(no * os), *first = malloc(no * os);
         float *lse = malloc(nl * sizeof *lse);
         assert_true(o && first && lse);
-        for (int i = 0; i < nctx; i++) {
+        for (int i = 0; i < cs.n; i++) {
             memset(o, 0xff, no * os);
             cp_kernel_attn_args a = kargs(&d, FP8, d.tq, d.tk, d.tv, o, c->o_dtype, lse);
             set_descales(&a, &d);
-            if (cp_kernel_attn_forward(ctxs[i].ctx, &a) != CP_SUCCESS)
-                fail_msg("%s on %s: %s", c->name, ctxs[i].name, cp_last_error());
+            if (cp_kernel_attn_forward(cs.c[i].ctx, &a) != CP_SUCCESS)
+                fail_msg("%s on %s: %s", c->name, cs.c[i].name, cp_last_error());
             double *got = load_tensor(c->o_dtype, c->format, c->B, c->Sq, c->H, c->Dv, o);
             double e, rms;
             errors_of(got, d.o, no, &e, &rms, NULL);
             if (!(e <= o_bound(c->o_dtype)))
-                fail_msg("%s on %s: O error %.3g above %.3g", c->name, ctxs[i].name, e, o_bound(c->o_dtype));
+                fail_msg("%s on %s: O error %.3g above %.3g", c->name, cs.c[i].name, e, o_bound(c->o_dtype));
             char what[128];
-            snprintf(what, sizeof what, "%s on %s", c->name, ctxs[i].name);
+            snprintf(what, sizeof what, "%s on %s", c->name, cs.c[i].name);
             check_lse(lse, d.lse, nl, what);
             if (getenv("TEST_VERBOSE"))
-                print_message("%-40s %-12s O error %.3g (RMS %.3g)\n", c->name, ctxs[i].name, e, rms);
+                print_message("%-40s %-12s O error %.3g (RMS %.3g)\n", c->name, cs.c[i].name, e, rms);
             /* one ISA gives the same bits for every thread count */
             if (i == 0)
                 memcpy(first, o, no * os);
             else if (i == 1 && memcmp(first, o, no * os))
-                fail_msg("%s: O differs between %s and %s", c->name, ctxs[0].name, ctxs[1].name);
+                fail_msg("%s: O differs between %s and %s", c->name, cs.c[0].name, cs.c[1].name);
             free(got);
         }
         free(o), free(first), free(lse);
@@ -529,19 +506,19 @@ static void test_same_as_bf16(void **state)
     float *l8 = malloc(nl * 4), *l8one = malloc(nl * 4), *l16 = malloc(nl * 4);
     assert_true(o8 && o8one && o16 && l8 && l8one && l16);
     static const float ones[8] = { 1, 1, 1, 1, 1, 1, 1, 1 };
-    for (int i = 0; i < nctx; i++) {
+    for (int i = 0; i < cs.n; i++) {
         cp_kernel_attn_args a = kargs(&d, FP8, d.tq, d.tk, d.tv, o8, CP_DTYPE_BF16, l8);
-        assert_int_equal(cp_kernel_attn_forward(ctxs[i].ctx, &a), CP_SUCCESS);
+        assert_int_equal(cp_kernel_attn_forward(cs.c[i].ctx, &a), CP_SUCCESS);
         a.o = o8one, a.lse = l8one;
         a.q_descale = a.k_descale = a.v_descale = ones;
         a.descale_per_head = i % 2;
-        assert_int_equal(cp_kernel_attn_forward(ctxs[i].ctx, &a), CP_SUCCESS);
+        assert_int_equal(cp_kernel_attn_forward(cs.c[i].ctx, &a), CP_SUCCESS);
         cp_kernel_attn_args b = kargs(&d, CP_DTYPE_BF16, bq, bk, bv, o16, CP_DTYPE_BF16, l16);
-        assert_int_equal(cp_kernel_attn_forward(ctxs[i].ctx, &b), CP_SUCCESS);
+        assert_int_equal(cp_kernel_attn_forward(cs.c[i].ctx, &b), CP_SUCCESS);
         if (memcmp(o8, o16, no * 2) || memcmp(l8, l16, nl * 4))
-            fail_msg("%s: FP8 and BF16 forwards of the same values differ", ctxs[i].name);
+            fail_msg("%s: FP8 and BF16 forwards of the same values differ", cs.c[i].name);
         if (memcmp(o8, o8one, no * 2) || memcmp(l8, l8one, nl * 4))
-            fail_msg("%s: descales of 1.0 change the result", ctxs[i].name);
+            fail_msg("%s: descales of 1.0 change the result", cs.c[i].name);
     }
     double *g8 = load_tensor(CP_DTYPE_BF16, c.format, c.B, c.Sq, c.H, c.Dv, o8);
     double e, rms, abs_e;
@@ -611,11 +588,11 @@ static void test_quantised_vs_bf16(void **state)
     a.batch = B, a.num_heads = H, a.num_kv_heads = Hkv, a.head_dim = D, a.seq_q = a.seq_k = S;
     a.mask = CP_MASK_CAUSAL;
     a.q = b[0], a.k = b[1], a.v = b[2], a.o = ob, a.o_dtype = CP_DTYPE_BF16, a.lse = lb;
-    assert_int_equal(cp_kernel_attn_forward(ctxs[0].ctx, &a), CP_SUCCESS);
+    assert_int_equal(cp_kernel_attn_forward(cs.c[0].ctx, &a), CP_SUCCESS);
     a.dtype = FP8;
     a.q = f[0], a.k = f[1], a.v = f[2], a.o = of, a.lse = lf;
     a.q_descale = ds[0], a.k_descale = ds[1], a.v_descale = ds[2], a.descale_per_head = 1;
-    assert_int_equal(cp_kernel_attn_forward(ctxs[0].ctx, &a), CP_SUCCESS);
+    assert_int_equal(cp_kernel_attn_forward(cs.c[0].ctx, &a), CP_SUCCESS);
     double *gb = load_tensor(CP_DTYPE_BF16, CP_FORMAT_BSHD, B, S, H, D, ob);
     double *gf = load_tensor(CP_DTYPE_BF16, CP_FORMAT_BSHD, B, S, H, D, of);
     double eb, rb, ab, ef, rf, af, lerr_b = 0, lerr_f = 0;
@@ -668,20 +645,20 @@ static void test_nan_codes(void **state)
             const size_t no = model_o_elems(&d.m), nl = model_lse_elems(&d.m);
             float *o = malloc(no * 4), *lse = malloc(nl * 4);
             assert_true(o && lse);
-            for (int i = 0; i < nctx; i++) {
+            for (int i = 0; i < cs.n; i++) {
                 cp_kernel_attn_args a = kargs(&d, FP8, d.tq, d.tk, d.tv, o, CP_DTYPE_F32, lse);
                 set_descales(&a, &d);
-                assert_int_equal(cp_kernel_attn_forward(ctxs[i].ctx, &a), CP_SUCCESS);
+                assert_int_equal(cp_kernel_attn_forward(cs.c[i].ctx, &a), CP_SUCCESS);
                 size_t nans = 0;
                 for (size_t e = 0; e < no; e++) {
                     if (isnan(o[e]) != isnan(d.o[e]))
-                        fail_msg("%s: NaN in %s at token %lld: out[%zu] = %g, the model says %g", ctxs[i].name,
+                        fail_msg("%s: NaN in %s at token %lld: out[%zu] = %g, the model says %g", cs.c[i].name,
                                  tensor == 0 ? "q" : tensor == 1 ? "k" : "v", (long long)t, e, (double)o[e], d.o[e]);
                     nans += isnan(d.o[e]) != 0;
                 }
                 for (size_t e = 0; e < nl; e++)
                     if (isnan(lse[e]) != isnan(d.lse[e]))
-                        fail_msg("%s: NaN planted in tensor %d: lse[%zu] = %g, the model says %g", ctxs[i].name,
+                        fail_msg("%s: NaN planted in tensor %d: lse[%zu] = %g, the model says %g", cs.c[i].name,
                                  tensor, e, (double)lse[e], d.lse[e]);
                 if (!nans)
                     fail_msg("the NaN in tensor %d at token %lld reached no output", tensor, (long long)t);
@@ -738,13 +715,13 @@ static void test_time_vs_bf16(void **state)
                 if (fp8)
                     a.q_descale = a.k_descale = a.v_descale = &ds;
                 const double t0 = seconds();
-                assert_int_equal(cp_kernel_attn_forward(ctxs[0].ctx, &a), CP_SUCCESS);
+                assert_int_equal(cp_kernel_attn_forward(cs.c[0].ctx, &a), CP_SUCCESS);
                 const double t = seconds() - t0;
                 if (rep > 0 && t < best[fp8])
                     best[fp8] = t;
             }
         print_message("forward S=%lld H=%d D=%d %s, %s: BF16 %.1f ms, FP8 %.1f ms (x%.3f)\n", (long long)S, H, D,
-                      causal ? "causal" : "nomask", ctxs[0].name, best[0] * 1e3, best[1] * 1e3, best[1] / best[0]);
+                      causal ? "causal" : "nomask", cs.c[0].name, best[0] * 1e3, best[1] * 1e3, best[1] / best[0]);
     }
     free(q8), free(k8), free(v8), free(q16), free(k16), free(v16), free(o), free(lse);
 }
@@ -764,7 +741,7 @@ static cp_kernel_attn_args tiny_fp8_args(const uint8_t *q, const uint8_t *k, con
 static void test_kernel_bad_arguments(void **state)
 {
     (void)state;
-    cp_context *ctx = ctxs[0].ctx;
+    cp_context *ctx = cs.c[0].ctx;
     _Alignas(16) uint8_t q[64], k[64], v[64];
     _Alignas(16) float o[64], lse[16], dq[64], dk[64], dv[64], dout[64], desc[4] = { 1, 1, 1, 1 };
     for (int i = 0; i < 64; i++)
@@ -825,7 +802,7 @@ static void test_kernel_bad_arguments(void **state)
 static void test_versions_and_backends(void **state)
 {
     (void)state;
-    cp_context *ctx = ctxs[0].ctx;
+    cp_context *ctx = cs.c[0].ctx;
     _Alignas(16) uint8_t q[64], k[64], v[64];
     _Alignas(16) uint16_t o[64], o11[64];
     _Alignas(16) float lse[16], lse11[16];
@@ -888,7 +865,7 @@ static void test_versions_and_backends(void **state)
 static void test_plan_bad_arguments(void **state)
 {
     (void)state;
-    cp_context *ctx = ctxs[0].ctx;
+    cp_context *ctx = cs.c[0].ctx;
     cp_comm *comm = NULL;
     cp_group *g = NULL;
     assert_int_equal(cp_comm_create_local(1, &comm), CP_SUCCESS);

@@ -77,6 +77,7 @@
 
 #include "attn_model.h"
 #include "core/context.h"
+#include "cpuctx.h"
 #include "devmem.h"
 #include "storage.h"
 #include "testutil.h"
@@ -175,31 +176,7 @@ static double gpu_elem_tol(cp_dtype t, int backward)
 /* Contexts: every ISA this machine has, several thread counts              */
 /* ------------------------------------------------------------------------ */
 
-#define MAX_CTX 8
-static struct {
-    cp_context *ctx;
-    char name[32];
-} ctxs[MAX_CTX];
-static int nctx;
-
-static void add_ctx(const char *isa, int threads)
-{
-    if (isa)
-        setenv("INFINICP_CPU_ISA", isa, 1);
-    else
-        unsetenv("INFINICP_CPU_ISA");
-    cp_context_config cfg = CP_CONTEXT_CONFIG_INIT;
-    cfg.num_threads = threads;
-    cp_context *ctx = NULL;
-    cp_status s = cp_context_create(&cfg, &ctx);
-    unsetenv("INFINICP_CPU_ISA");
-    if (s == CP_ERROR_UNSUPPORTED && isa)
-        return; /* this processor lacks the ISA */
-    assert_int_equal(s, CP_SUCCESS);
-    ctxs[nctx].ctx = ctx;
-    snprintf(ctxs[nctx].name, sizeof ctxs[nctx].name, "%s/%dt", isa ? isa : "default", threads);
-    nctx++;
-}
+static cpuctx_set cs;
 
 static int setup_contexts(void **state)
 {
@@ -208,30 +185,28 @@ static int setup_contexts(void **state)
         /* one context on CUDA device 0; deterministic as INFINICP_DETERMINISTIC says */
         cp_context_config cfg = CP_CONTEXT_CONFIG_INIT;
         cfg.device = test_device;
-        if (cp_context_create(&cfg, &ctxs[0].ctx) != CP_SUCCESS)
+        if (cp_context_create(&cfg, &cs.c[0].ctx) != CP_SUCCESS)
             fail_msg("cp_context_create on CUDA device 0: %s", cp_last_error());
-        snprintf(ctxs[0].name, sizeof ctxs[0].name, "cuda:0%s", ctxs[0].ctx->deterministic ? "/deterministic" : "");
-        nctx = 1;
+        snprintf(cs.c[0].name, sizeof cs.c[0].name, "cuda:0%s", cs.c[0].ctx->deterministic ? "/deterministic" : "");
+        cs.n = 1;
         return 0;
     }
     /* contexts 0..2: one ISA, 1, 2 and 3 threads (their results must agree bit for bit) */
-    add_ctx(NULL, 1);
+    cpuctx_add(&cs, NULL, 1);
     if (quick())
         return 0;
-    add_ctx(NULL, 2);
-    add_ctx(NULL, 3);
-    add_ctx("avx512", 2);
-    add_ctx("avx2", 2);
-    add_ctx("generic", 2);
+    cpuctx_add(&cs, NULL, 2);
+    cpuctx_add(&cs, NULL, 3);
+    cpuctx_add(&cs, "avx512", 2);
+    cpuctx_add(&cs, "avx2", 2);
+    cpuctx_add(&cs, "generic", 2);
     return 0;
 }
 
 static int teardown_contexts(void **state)
 {
     (void)state;
-    for (int i = 0; i < nctx; i++)
-        cp_context_destroy(ctxs[i].ctx);
-    nctx = 0;
+    cpuctx_close_all(&cs);
     return 0;
 }
 
@@ -708,26 +683,26 @@ static void run_forward(const fixture *f)
     char name[160], what[256];
     describe(&f->c, name, sizeof name);
     tensor first = {0};
-    for (int i = 0; i < nctx; i++) {
+    for (int i = 0; i < cs.n; i++) {
         tensor o = new_o(f, f->c.o_dtype);
         float *lse = new_lse(nl, NAN);
         cp_kernel_attn_args a = base_args(f);
         a.o = o.buf;
         a.lse = lse;
-        void *ws = i == 0 ? exact_workspace(ctxs[i].ctx, &a, 0) : NULL;
-        forward_ok(ctxs[i].ctx, &a);
+        void *ws = i == 0 ? exact_workspace(cs.c[i].ctx, &a, 0) : NULL;
+        forward_ok(cs.c[i].ctx, &a);
         if (ws)
             check_guard(&a);
         free(ws);
         double *got = read_tensor(&o);
-        snprintf(what, sizeof what, "forward O, %s on %s", name, ctxs[i].name);
+        snprintf(what, sizeof what, "forward O, %s on %s", name, cs.c[i].name);
         check_result(got, f->o, no, tol_for(f->c.o_dtype, 0), f->c.dtype, 0, 1, 1e-30, what);
         check_lse(lse, f->lse, nl, 1, what);
         free(got);
         if (i == 0)
             first = copy_tensor(&o);
         else if (i < 3 && !same_bits(&first, &o))
-            fail_msg("forward O differs between %s and %s: %s", ctxs[0].name, ctxs[i].name, name);
+            fail_msg("forward O differs between %s and %s: %s", cs.c[0].name, cs.c[i].name, name);
         free(lse);
         free(o.buf);
     }
@@ -769,24 +744,24 @@ static void run_backward(const fixture *f)
     float *lse = reference_lse(f);
     char name[160], where[256];
     describe(&f->c, name, sizeof name);
-    for (int i = 0; i < nctx; i++) {
+    for (int i = 0; i < cs.n; i++) {
         grads g = new_grads(f);
         cp_kernel_attn_args a = base_args(f);
         set_backward(&a, f, &o, lse, &g);
-        void *ws = i == 0 ? exact_workspace(ctxs[i].ctx, &a, 1) : NULL;
-        backward_ok(ctxs[i].ctx, &a);
+        void *ws = i == 0 ? exact_workspace(cs.c[i].ctx, &a, 1) : NULL;
+        backward_ok(cs.c[i].ctx, &a);
         if (ws)
             check_guard(&a);
         free(ws);
         a.workspace = NULL;
         a.workspace_bytes = 0;
-        snprintf(where, sizeof where, "%s on %s", name, ctxs[i].name);
+        snprintf(where, sizeof where, "%s on %s", name, cs.c[i].name);
         check_grads(f, &g, f->dq, f->dk, f->dv, where);
         if (i == 0) {
             /* existing values X: X + gradient */
             fill_tensor(&g.dq, 0.25), fill_tensor(&g.dk, -0.5), fill_tensor(&g.dv, 1.0);
             a.grad_accumulate = 1;
-            backward_ok(ctxs[i].ctx, &a);
+            backward_ok(cs.c[i].ctx, &a);
             size_t nq = model_q_elems(s), nk = model_k_elems(s), nv = model_v_elems(s);
             double *dq = malloc(sizeof(double) * nq), *dk = malloc(sizeof(double) * nk),
                    *dv = malloc(sizeof(double) * nv);
@@ -830,7 +805,7 @@ static void run_accumulate(const fixture *f)
         a.rects = part ? c->rects + half : c->rects;
         a.num_rects = part ? c->nrects - half : half;
         a.accumulate = 1;
-        forward_ok(ctxs[0].ctx, &a);
+        forward_ok(cs.c[0].ctx, &a);
     }
     char name[160], what[256];
     describe(c, name, sizeof name);
@@ -848,12 +823,12 @@ static void run_accumulate(const fixture *f)
     a.o = o.buf, a.o_dtype = CP_DTYPE_F32, a.lse = lse;
     a.num_rects = 0;
     a.accumulate = 1;
-    forward_ok(ctxs[0].ctx, &a);
+    forward_ok(cs.c[0].ctx, &a);
     if (!same_bits(&before, &o) || memcmp(lse_before, lse, nl * sizeof(float)))
         fail_msg("an empty rectangle list changed an accumulated result: %s", name);
     /* without accumulate: O = 0 and LSE = -inf everywhere */
     a.accumulate = 0;
-    forward_ok(ctxs[0].ctx, &a);
+    forward_ok(cs.c[0].ctx, &a);
     got = read_tensor(&o);
     for (size_t i = 0; i < model_o_elems(s); i++)
         if (got[i] != 0)
@@ -1148,22 +1123,22 @@ static void test_dense_is_one_rect(void **state)
                 continue;
             fixture f;
             fixture_init(&f, &c, 40 + ci);
-            for (int xi = 0; xi < nctx; xi++) {
+            for (int xi = 0; xi < cs.n; xi++) {
                 cp_kernel_attn_args plain = base_args(&f), one = plain;
                 const cp_attn_rect whole = {0, c.s.seq_q, 0, c.s.seq_k, c.s.q_offset, c.s.k_offset};
                 one.rects = &whole;
                 one.num_rects = 1;
-                outputs x = run_both(ctxs[xi].ctx, &f, &plain), y = run_both(ctxs[xi].ctx, &f, &one);
+                outputs x = run_both(cs.c[xi].ctx, &f, &plain), y = run_both(cs.c[xi].ctx, &f, &one);
                 size_t nl = model_lse_elems(&c.s);
                 if (on_gpu()) {
                     char what[160];
                     snprintf(what, sizeof what, "case %zu (window %lld, softcap %g) as one explicit rectangle on %s",
-                             ci, (long long)c.window, c.softcap, ctxs[xi].name);
+                             ci, (long long)c.window, c.softcap, cs.c[xi].name);
                     check_outputs_close(&y, &x, &c, what);
                 } else if (!same_bits(&x.o, &y.o) || memcmp(x.lse, y.lse, nl * sizeof(float)) ||
                     !same_bits(&x.g.dq, &y.g.dq) || !same_bits(&x.g.dk, &y.g.dk) || !same_bits(&x.g.dv, &y.g.dv))
                     fail_msg("case %zu (window %lld, softcap %g) on %s: one explicit rectangle differs from none",
-                             ci, (long long)c.window, c.softcap, ctxs[xi].name);
+                             ci, (long long)c.window, c.softcap, cs.c[xi].name);
                 free_outputs(&x);
                 free_outputs(&y);
             }
@@ -1192,14 +1167,14 @@ static void test_causal_in_pieces(void **state)
                                                 qcut[i], kcut[j]};
         fixture f;
         fixture_init(&f, &c, 7 + (uint64_t)ti);
-        for (int xi = 0; xi < nctx; xi++) {
+        for (int xi = 0; xi < cs.n; xi++) {
             cp_kernel_attn_args whole = base_args(&f), pieces = whole;
             pieces.rects = rects;
             pieces.num_rects = n;
-            outputs x = run_both(ctxs[xi].ctx, &f, &whole), y = run_both(ctxs[xi].ctx, &f, &pieces);
+            outputs x = run_both(cs.c[xi].ctx, &f, &whole), y = run_both(cs.c[xi].ctx, &f, &pieces);
             char what[128];
             snprintf(what, sizeof what, "%s causal block in %d rectangles on %s", ti ? "BF16" : "F32", n,
-                     ctxs[xi].name);
+                     cs.c[xi].name);
             check_outputs_close(&y, &x, &c, what);
             free_outputs(&x);
             free_outputs(&y);
@@ -1312,8 +1287,8 @@ static void test_nonfinite(void **state)
         run5 m0 = model_planted(&f);
         static const int64_t tokens[] = {0, 95, 96, 149, 150, 190, 255, 290};
         static const double values[] = {NAN, INFINITY};
-        for (int xi = 0; xi < nctx; xi += quick() ? 1 : 3) {
-            run5 k0 = run_planted(ctxs[xi].ctx, &f);
+        for (int xi = 0; xi < cs.n; xi += quick() ? 1 : 3) {
+            run5 k0 = run_planted(cs.c[xi].ctx, &f);
             for (int t = 0; t < 4; t++)
                 for (int vi = 0; vi < 2; vi++)
                     for (int pi = 0; pi < (quick() ? 1 : 2); pi++) {
@@ -1328,7 +1303,7 @@ static void test_nonfinite(void **state)
                         double keep = x[t][idx];
                         x[t][idx] = values[vi];
                         store_value(tx[t]->buf, tx[t]->t, sidx, values[vi]);
-                        run5 m1 = model_planted(&f), k1 = run_planted(ctxs[xi].ctx, &f);
+                        run5 m1 = model_planted(&f), k1 = run_planted(cs.c[xi].ctx, &f);
                         x[t][idx] = keep;
                         ref_store(tx[t]->buf, tx[t]->t, sidx, keep);
                         int wrong = 0, reached = 0;
@@ -1348,7 +1323,7 @@ static void test_nonfinite(void **state)
                                                            : value_class(got) != value_class(clean))
                                         wrong = printf("%s = %g at token %lld on %s: %s[%zu] = %.9g, untouched, "
                                                        "clean run %.9g\n",
-                                                       tn[t], values[vi], (long long)pos, ctxs[xi].name, names[o],
+                                                       tn[t], values[vi], (long long)pos, cs.c[xi].name, names[o],
                                                        i, got, clean);
                                     continue;
                                 }
@@ -1358,7 +1333,7 @@ static void test_nonfinite(void **state)
                                         memcmp(&k1.t[o][i], &k0.t[o][i], sizeof(double)))
                                         wrong = printf("%s = %g at token %lld on %s: %s[%zu] = %.9g, untouched, "
                                                        "clean run %.9g\n",
-                                                       tn[t], values[vi], (long long)pos, ctxs[xi].name, names[o],
+                                                       tn[t], values[vi], (long long)pos, cs.c[xi].name, names[o],
                                                        i, k1.t[o][i], k0.t[o][i]);
                                     continue;
                                 }
@@ -1368,7 +1343,7 @@ static void test_nonfinite(void **state)
                                     (want == FINITE && !(fabs(k1.t[o][i] - m1.t[o][i]) <= ftol * scale)))
                                     wrong = printf("%s = %g at token %lld on %s: %s[%zu] = %.9g, the model says "
                                                    "%.9g\n",
-                                                   tn[t], values[vi], (long long)pos, ctxs[xi].name, names[o], i,
+                                                   tn[t], values[vi], (long long)pos, cs.c[xi].name, names[o], i,
                                                    k1.t[o][i], m1.t[o][i]);
                             }
                         }
@@ -1431,7 +1406,7 @@ static void test_bad_fields(void **state)
     (void)state;
     if (!dtype_wanted(CP_DTYPE_F32))
         skip(); /* its calls are F32 */
-    cp_context *ctx = ctxs[0].ctx;
+    cp_context *ctx = cs.c[0].ctx;
     cp_attn_rect r[4];
     for (int i = 0; i < 4; i++)
         r[i] = (cp_attn_rect){0, ASQ, 0, ASK, 0, 0};
@@ -1503,7 +1478,7 @@ static void test_unsupported(void **state)
     (void)state;
     if (!dtype_wanted(CP_DTYPE_F32))
         skip(); /* its calls are F32 */
-    cp_context fake = *ctxs[0].ctx;
+    cp_context fake = *cs.c[0].ctx;
     cp_backend_ops ops = *fake.ops;
     fake.ops = &ops;
     cp_attn_rect whole = {0, ASQ, 0, ASK, 0, 0};
@@ -1552,7 +1527,7 @@ static void test_unsupported(void **state)
     memcpy(o10, ao, sizeof ao);
     memcpy(lse10, alse, sizeof alse);
     cp_kernel_attn_args plain = small_args();
-    forward_ok(ctxs[0].ctx, &plain);
+    forward_ok(cs.c[0].ctx, &plain);
     assert_memory_equal(o10, ao, sizeof ao);
     assert_memory_equal(lse10, alse, sizeof alse);
 }

@@ -45,6 +45,7 @@
 #include <infinicp/infinicp.h>
 
 #include "attn_model.h"
+#include "cpuctx.h"
 #include "storage.h"
 #include "testutil.h"
 
@@ -64,62 +65,24 @@ static double tol_for(cp_dtype t, int backward)
 /* Contexts: every ISA this machine has, several thread counts              */
 /* ------------------------------------------------------------------------ */
 
-#define MAX_CTX 8
-static struct {
-    cp_context *ctx;
-    char name[32];
-    const char *isa; /* NULL = the library's choice */
-    int threads;
-} ctxs[MAX_CTX];
-static int nctx;
-
-static cp_context *open_ctx(const char *isa, int threads)
-{
-    if (isa)
-        setenv("INFINICP_CPU_ISA", isa, 1);
-    else
-        unsetenv("INFINICP_CPU_ISA");
-    cp_context_config cfg = CP_CONTEXT_CONFIG_INIT;
-    cfg.num_threads = threads;
-    cp_context *ctx = NULL;
-    cp_status s = cp_context_create(&cfg, &ctx);
-    unsetenv("INFINICP_CPU_ISA");
-    if (s == CP_ERROR_UNSUPPORTED && isa)
-        return NULL; /* this processor lacks the ISA */
-    assert_int_equal(s, CP_SUCCESS);
-    return ctx;
-}
-
-static void add_ctx(const char *isa, int threads)
-{
-    cp_context *c = open_ctx(isa, threads);
-    if (!c)
-        return;
-    ctxs[nctx].ctx = c;
-    ctxs[nctx].isa = isa;
-    ctxs[nctx].threads = threads;
-    snprintf(ctxs[nctx].name, sizeof ctxs[nctx].name, "%s/%dt", isa ? isa : "default", threads);
-    nctx++;
-}
+static cpuctx_set cs;
 
 static int setup_contexts(void **state)
 {
     (void)state;
-    add_ctx(NULL, 1);
-    add_ctx(NULL, 2);
-    add_ctx(NULL, 3);
-    add_ctx("avx512", 2);
-    add_ctx("avx2", 2);
-    add_ctx("generic", 2);
+    cpuctx_add(&cs, NULL, 1);
+    cpuctx_add(&cs, NULL, 2);
+    cpuctx_add(&cs, NULL, 3);
+    cpuctx_add(&cs, "avx512", 2);
+    cpuctx_add(&cs, "avx2", 2);
+    cpuctx_add(&cs, "generic", 2);
     return 0;
 }
 
 static int teardown_contexts(void **state)
 {
     (void)state;
-    for (int i = 0; i < nctx; i++)
-        cp_context_destroy(ctxs[i].ctx);
-    nctx = 0;
+    cpuctx_close_all(&cs);
     return 0;
 }
 
@@ -361,26 +324,26 @@ static void run_forward(const fixture *f)
     const model_shape *s = &c->s;
     size_t no = model_o_elems(s), nl = model_lse_elems(s);
     double *first = NULL;
-    for (int i = 0; i < nctx; i++) {
+    for (int i = 0; i < cs.n; i++) {
         tensor o = make_tensor(c->lay, c->o_dtype, s->batch, s->seq_q, s->heads, s->head_dim_v, NULL);
         float *lse = new_lse(s, NAN);
         cp_kernel_attn_args a = base_args(f);
         set_o(&a, &o, c->lay);
         a.lse = lse;
-        cp_status st = cp_kernel_attn_forward(ctxs[i].ctx, &a);
+        cp_status st = cp_kernel_attn_forward(cs.c[i].ctx, &a);
         if (st != CP_SUCCESS)
-            fail_msg("%s: cp_kernel_attn_forward: %s", ctxs[i].name, cp_last_error());
+            fail_msg("%s: cp_kernel_attn_forward: %s", cs.c[i].name, cp_last_error());
         double *got = read_tensor(&o);
         char what[96];
-        snprintf(what, sizeof what, "forward O on %s", ctxs[i].name);
+        snprintf(what, sizeof what, "forward O on %s", cs.c[i].name);
         check_close(got, f->o, no, tol_for(c->o_dtype, 0), 1e-30, what);
-        snprintf(what, sizeof what, "forward on %s", ctxs[i].name);
+        snprintf(what, sizeof what, "forward on %s", cs.c[i].name);
         check_lse(lse, f->lse, nl, what);
         /* contexts 0..2 are one ISA with 1, 2, 3 threads */
         if (i == 0)
             first = got, got = NULL;
         else if (i < 3 && memcmp(first, got, sizeof(double) * no))
-            fail_msg("forward O differs between %s and %s", ctxs[0].name, ctxs[i].name);
+            fail_msg("forward O differs between %s and %s", cs.c[0].name, cs.c[i].name);
         free(got);
         free(lse);
         free_tensor(&o);
@@ -475,21 +438,21 @@ static void run_backward(const fixture *f)
     tensor o = reference_o(f, c->o_dtype);
     float *lse = reference_lse(f);
     double tol = tol_for(c->grad_dtype == CP_DTYPE_F32 ? c->o_dtype : c->grad_dtype, 1);
-    for (int i = 0; i < nctx; i++) {
+    for (int i = 0; i < cs.n; i++) {
         grads g[2] = {new_grads(f, c->grad_dtype), new_grads(f, c->grad_dtype)};
         for (int rep = 0; rep < 2; rep++) {
             cp_kernel_attn_args a = backward_args(f, &o, lse, &g[rep]);
-            cp_status st = cp_kernel_attn_backward(ctxs[i].ctx, &a);
+            cp_status st = cp_kernel_attn_backward(cs.c[i].ctx, &a);
             if (st != CP_SUCCESS)
-                fail_msg("%s: cp_kernel_attn_backward: %s", ctxs[i].name, cp_last_error());
+                fail_msg("%s: cp_kernel_attn_backward: %s", cs.c[i].name, cp_last_error());
         }
         char where[64];
-        snprintf(where, sizeof where, "on %s", ctxs[i].name);
+        snprintf(where, sizeof where, "on %s", cs.c[i].name);
         check_grads(f, &g[0], tol, where);
         size_t es = ref_dtype_size(c->grad_dtype);
         if (memcmp(g[0].dq.buf, g[1].dq.buf, g[0].dq.n * es) || memcmp(g[0].dk.buf, g[1].dk.buf, g[0].dk.n * es) ||
             memcmp(g[0].dv.buf, g[1].dv.buf, g[0].dv.n * es))
-            fail_msg("backward on %s gave different bits in two identical calls", ctxs[i].name);
+            fail_msg("backward on %s gave different bits in two identical calls", cs.c[i].name);
         free_grads(&g[0]), free_grads(&g[1]);
     }
     free(lse);
@@ -639,7 +602,7 @@ static void test_forward_accumulate(void **state)
         fixture f;
         fixture_init(&f, &cases[ci], 300 + ci);
         const model_shape *s = &f.c.s;
-        for (int xi = 0; xi < nctx; xi += 2) {
+        for (int xi = 0; xi < cs.n; xi += 2) {
             for (int oi = 0; oi < 4; oi++) {
                 /* orders 0..2 start with a plain call; order 3 accumulates
                  * every block into an empty result (O = 0, LSE = -inf) */
@@ -654,11 +617,11 @@ static void test_forward_accumulate(void **state)
                     set_o(&a, &o, f.c.lay);
                     a.lse = lse;
                     a.accumulate = oi == 3 || n > 0;
-                    forward_ok(ctxs[xi].ctx, &a);
+                    forward_ok(cs.c[xi].ctx, &a);
                 }
                 double *got = read_tensor(&o);
                 char what[96];
-                snprintf(what, sizeof what, "accumulated O (case %zu, order %d, %s)", ci, oi, ctxs[xi].name);
+                snprintf(what, sizeof what, "accumulated O (case %zu, order %d, %s)", ci, oi, cs.c[xi].name);
                 check_close(got, f.o, model_o_elems(s), TOL_F32, 1e-30, what);
                 check_lse(lse, f.lse, model_lse_elems(s), what);
                 free(got);
@@ -681,8 +644,8 @@ static void test_hidden_blocks(void **state)
     fixture_init(&f, &c, 77);
     const model_shape *s = &c.s;
     size_t no = model_o_elems(s), nl = model_lse_elems(s);
-    for (int xi = 0; xi < nctx; xi++) {
-        cp_context *ctx = ctxs[xi].ctx;
+    for (int xi = 0; xi < cs.n; xi++) {
+        cp_context *ctx = cs.c[xi].ctx;
         tensor o = make_tensor(c.lay, CP_DTYPE_F32, s->batch, s->seq_q, s->heads, s->head_dim_v, NULL);
         float *lse = new_lse(s, NAN);
         cp_kernel_attn_args a = base_args(&f);
@@ -721,7 +684,7 @@ static void test_hidden_blocks(void **state)
                 int same = !memcmp((float *)o.buf + row, o_before + row, sizeof(float) * (size_t)s->head_dim_v) &&
                            lse[li] == lse_before[li];
                 if (same != (s->q_offset + i < 25))
-                    fail_msg("%s: row %lld head %d %s", ctxs[xi].name, (long long)i, h,
+                    fail_msg("%s: row %lld head %d %s", cs.c[xi].name, (long long)i, h,
                              same ? "did not change" : "changed although it sees no key");
             }
 
@@ -793,8 +756,8 @@ static void test_merge(void **state)
     const model_shape *s = &c.s;
     const int64_t cuts[] = {0, 30, 75, 100};
     const cp_dtype part_t[] = {CP_DTYPE_F32, CP_DTYPE_BF16, CP_DTYPE_F32};
-    for (int xi = 0; xi < nctx; xi += 2) {
-        cp_context *ctx = ctxs[xi].ctx;
+    for (int xi = 0; xi < cs.n; xi += 2) {
+        cp_context *ctx = cs.c[xi].ctx;
         /* the result lives in a padded layout with explicit strides */
         tensor o = make_tensor(LAYOUT_PADDED, CP_DTYPE_F32, s->batch, s->seq_q, s->heads, s->head_dim_v, NULL);
         fill_tensor(&o, 0);
@@ -880,13 +843,13 @@ static void test_backward_accumulate(void **state)
         split_fixture(ci, 40 + ci, &f, &o, &lse);
         const model_shape *s = &f.c.s;
         double tol = tol_for(f.c.o_dtype, 1);
-        for (int xi = 0; xi < nctx; xi += 2) {
-            cp_context *ctx = ctxs[xi].ctx;
+        for (int xi = 0; xi < cs.n; xi += 2) {
+            cp_context *ctx = cs.c[xi].ctx;
             grads g = new_grads(&f, CP_DTYPE_F32);
             fill_tensor(&g.dq, 0), fill_tensor(&g.dk, 0), fill_tensor(&g.dv, 0);
             backward_over_cuts(ctx, &f, &o, lse, &g, ci, NULL);
             char where[64];
-            snprintf(where, sizeof where, "over key blocks on %s", ctxs[xi].name);
+            snprintf(where, sizeof where, "over key blocks on %s", cs.c[xi].name);
             check_grads(&f, &g, tol, where);
 
             /* existing values X: X + gradient */
@@ -904,7 +867,7 @@ static void test_backward_accumulate(void **state)
                 shifted.dk[i] = f.dk[i] - 0.5;
             for (size_t i = 0; i < nv; i++)
                 shifted.dv[i] = f.dv[i] + 1.0;
-            snprintf(where, sizeof where, "added to existing values on %s", ctxs[xi].name);
+            snprintf(where, sizeof where, "added to existing values on %s", cs.c[xi].name);
             check_grads(&shifted, &g, tol, where);
             free(shifted.dq), free(shifted.dk), free(shifted.dv);
             free_grads(&g);
@@ -943,8 +906,8 @@ static void test_backward_drow(void **state)
                         acc += dov[e + (size_t)d] * ov[e + (size_t)d];
                     ref[((size_t)b * (size_t)s->heads + (size_t)h) * (size_t)s->seq_q + (size_t)i] = acc;
                 }
-        for (int xi = 0; xi < nctx; xi++) {
-            cp_context *ctx = ctxs[xi].ctx;
+        for (int xi = 0; xi < cs.n; xi++) {
+            cp_context *ctx = cs.c[xi].ctx;
             grads plain = new_grads(&f, CP_DTYPE_F32), reuse = new_grads(&f, CP_DTYPE_F32);
             float *drow = new_lse(s, NAN);
             fill_tensor(&plain.dq, 0), fill_tensor(&plain.dk, 0), fill_tensor(&plain.dv, 0);
@@ -956,10 +919,10 @@ static void test_backward_drow(void **state)
                 memcmp(plain.dk.buf, reuse.dk.buf, plain.dk.n * sizeof(float)) ||
                 memcmp(plain.dv.buf, reuse.dv.buf, plain.dv.n * sizeof(float)))
                 fail_msg("case %zu on %s: gradients with the stored rowsum differ from computing it per call", ci,
-                         ctxs[xi].name);
+                         cs.c[xi].name);
             for (size_t r = 0; r < nrows; r++)
                 if (!(fabs(drow[r] - ref[r]) <= 1e-5 * (1 + fabs(ref[r]))))
-                    fail_msg("case %zu on %s: stored rowsum[%zu] = %.9g, FP64 %.9g", ci, ctxs[xi].name, r,
+                    fail_msg("case %zu on %s: stored rowsum[%zu] = %.9g, FP64 %.9g", ci, cs.c[xi].name, r,
                              (double)drow[r], ref[r]);
             /* a reading call uses what it is given */
             for (size_t r = 0; r < nrows; r++)
@@ -973,7 +936,7 @@ static void test_backward_drow(void **state)
             double e = rel_err(got, f.dq, model_q_elems(s), 1e-3);
             if (!(e > 10 * tol_for(f.c.o_dtype, 1)))
                 fail_msg("case %zu on %s: dQ from a shifted rowsum is within %.3g of the true one", ci,
-                         ctxs[xi].name, e);
+                         cs.c[xi].name, e);
             free(got);
             free(drow);
             free_grads(&plain);
