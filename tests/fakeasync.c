@@ -25,6 +25,7 @@ typedef enum op_kind {
     OP_ATTN_FORWARD,
     OP_ATTN_BACKWARD,
     OP_MERGE,
+    OP_ROW_DOT,
     OP_WAIT
 } op_kind;
 
@@ -47,6 +48,11 @@ typedef struct op {
     union {
         cp_kernel_attn_args attn;   /* attention forward and backward */
         cp_kernel_merge_args merge; /* merge */
+        struct {
+            const void *y;
+            int64_t batch, seq, sb, ss, sh;
+            int32_t heads, dim;
+        } dot; /* row_dot: d = dst, x = src, type dtype */
     } k;
 } op;
 
@@ -155,6 +161,9 @@ static cp_status run_op(const stream *s, const op *o)
         return cpu->attn_backward(s->cpu, &o->k.attn);
     case OP_MERGE:
         return cpu->merge(s->cpu, &o->k.merge);
+    case OP_ROW_DOT:
+        return cpu->row_dot(NULL, o->dst, o->src, o->k.dot.y, o->dtype, o->k.dot.batch, o->k.dot.seq,
+                            o->k.dot.heads, o->k.dot.dim, o->k.dot.sb, o->k.dot.ss, o->k.dot.sh);
     case OP_WAIT: {
         /* Never this worker's own stream ahead of itself: the target was
          * queued before this wait, so it has run already then. */
@@ -261,11 +270,21 @@ static void stream_stop(stream *s)
 
 static cp_status enqueue(state *st, const op *tmpl)
 {
-    op *o = malloc(sizeof *o);
+    /* An attention call's rectangle list is host memory the caller may
+     * reuse once the call returns (a GPU backend stages it at the launch):
+     * it travels with the operation. */
+    const bool rects = (tmpl->kind == OP_ATTN_FORWARD || tmpl->kind == OP_ATTN_BACKWARD) && tmpl->k.attn.rects;
+    const size_t extra = rects ? (size_t)tmpl->k.attn.num_rects * sizeof(cp_attn_rect) : 0;
+    op *o = malloc(sizeof *o + extra);
     if (!o)
         return cpi_error(CP_ERROR_OUT_OF_MEMORY, "fakeasync: out of memory queueing an operation");
     *o = *tmpl;
     o->next = NULL;
+    if (rects) {
+        cp_attn_rect *copy = (cp_attn_rect *)(o + 1);
+        memcpy(copy, tmpl->k.attn.rects, extra);
+        o->k.attn.rects = copy;
+    }
     stream *s = st->streams[st->current];
     pthread_mutex_lock(&s->mu);
     if (s->tail)
@@ -458,6 +477,21 @@ static cp_status fa_merge(void *p, const cp_kernel_merge_args *a)
     return enqueue(p, &o);
 }
 
+static cp_status fa_row_dot(void *p, float *d, const void *x, const void *y, cp_dtype t, int64_t batch,
+                            int64_t seq, int32_t heads, int32_t dim, int64_t sb, int64_t ss, int64_t sh)
+{
+    op o = { .kind = OP_ROW_DOT, .dst = d, .src = x, .dtype = t };
+    o.k.dot.y = y;
+    o.k.dot.batch = batch;
+    o.k.dot.seq = seq;
+    o.k.dot.heads = heads;
+    o.k.dot.dim = dim;
+    o.k.dot.sb = sb;
+    o.k.dot.ss = ss;
+    o.k.dot.sh = sh;
+    return enqueue(p, &o);
+}
+
 static cp_status fa_stream_select(void *p, int index)
 {
     state *st = p;
@@ -556,6 +590,8 @@ static const cp_backend_ops ops = {
     .event_destroy = fa_event_destroy,
     .event_record = fa_event_record,
     .event_wait = fa_event_wait,
+    .kernel_args_size = sizeof(cp_kernel_attn_args), /* the CPU kernels: windows, softcaps, rectangles, FP8 */
+    .row_dot = fa_row_dot,
 };
 
 const cp_backend_ops *fakeasync_ops(void)

@@ -21,12 +21,12 @@
  * There the CP=1 bounds of the gradients are test-gpu-kernels.c's (relative
  * RMS 2e-5 / 6e-3 / 4e-2 for F32 / F16 / BF16: the tensor-core backward
  * rounds dS to the storage type for its products) where they are wider
- * than the CPU's; CP=P within 1.25x of CP=1 as on the CPU. Sinks are CPU
- * contexts' only (their gradient is host code, lib/attn/sinks.c): the GPU
- * build checks once that a plan with sinks on a CUDA context is refused
- * with CP_ERROR_UNSUPPORTED naming the sinks, says so, and runs each
- * configuration with sinks without them (should the library ever accept
- * them, it runs them with sinks instead).
+ * than the CPU's; CP=P within 1.25x of CP=1 as on the CPU. Sinks run on a
+ * device whose backend has row_dot (the CUDA module since 1.2); the GPU
+ * build asks once, and where a plan with sinks is refused
+ * (CP_ERROR_UNSUPPORTED naming the sinks) it says so and runs each
+ * configuration with sinks without them. test_sinks_on_a_device runs them
+ * on the asynchronous pretend device of fakeasync.c in the CPU build.
  *
  * INFINICP_TEST_DTYPES=bf16,f16 (any of f32, f16, bf16) runs only the
  * configurations of those types and says which it skipped: for kernels
@@ -48,7 +48,9 @@
 #include "attn_model.h"
 #include "cpref.h"
 #include "cprun.h"
+#include "core/context.h"
 #include "devmem.h"
+#include "fakeasync.h"
 #include "world.h"
 
 /* ---- one configuration ---------------------------------------------- */
@@ -260,6 +262,10 @@ static cp_status make_pack(const cfg *c, int other, cp_pack **pk)
     return cp_pack_create(&pc, pk);
 }
 
+/* Where the ranks' contexts are: NULL for cprun_device, else a pretend
+ * device (test_sinks_on_a_device). */
+static const fixture_device *pretend;
+
 static void rank_main(world_rank *r, void *arg)
 {
     run *u = arg;
@@ -286,7 +292,7 @@ static void rank_main(world_rank *r, void *arg)
     cp_group_config gc = CP_GROUP_CONFIG_INIT;
     gc.a2a_size = c->mode == CP_MODE_A2A_P2P ? c->A : 1;
     gc.timeout_ms = 60000;
-    fixture_cfg fc = { .context = &cc, .group = &gc, .desc = &desc };
+    fixture_cfg fc = { .context = &cc, .device = pretend, .group = &gc, .desc = &desc };
     if (c->strided) {
         fc.split = 1;
         fc.color = r->rank % 2;
@@ -794,6 +800,74 @@ static void test_large_p(void **state)
     check(&c, rng_next(&s));
 }
 
+/* A rank's context on the asynchronous pretend device of fakeasync.c
+ * (streams run later on threads of their own, after random delays). */
+static cp_status open_pretend(const world_rank *r, const cp_context_config *cc, void *arg, cp_context **out)
+{
+    (void)cc;
+    (void)arg;
+    void *fake = NULL;
+    cp_status s = fakeasync_open(77u + (unsigned)r->rank, 100, &fake);
+    cp_context *dev = s == CP_SUCCESS ? calloc(1, sizeof *dev) : NULL;
+    if (!dev) {
+        if (fake)
+            fakeasync_ops()->close(fake);
+        return s != CP_SUCCESS ? s : CP_ERROR_OUT_OF_MEMORY;
+    }
+    dev->device = CP_DEVICE_CUDA;
+    dev->device_index = r->rank;
+    dev->num_threads = 1;
+    dev->deterministic = 1;
+    dev->ops = fakeasync_ops();
+    dev->state = fake;
+    *out = dev;
+    return CP_SUCCESS;
+}
+
+static void close_pretend(cp_context *ctx, void *arg)
+{
+    (void)arg;
+    fakeasync_ops()->close(ctx->state);
+    free(ctx);
+}
+
+/*
+ * Sinks on a device context: the forward's merge of the sinks through the
+ * backend's merge (their rows filled on the device), the gradient's rowsums
+ * through its row_dot and the sum on the host. The pretend device runs the
+ * CPU kernels on streams of its own, so a copy that the code forgot, or
+ * ordered wrongly, shows as wrong results; every mode, dense and packed,
+ * against the FP64 model with the CPU's bounds. On the GPU build the whole
+ * matrix runs sinks on the GPU already.
+ */
+static void test_sinks_on_a_device(void **state)
+{
+    (void)state;
+    if (cprun_device != CP_DEVICE_CPU)
+        skip();
+    static const fixture_device fake = { open_pretend, close_pretend, NULL };
+    uint64_t s = 0x5555;
+    int runs = 0;
+    pretend = &fake;
+    for (int mode = 0; mode < 4; mode++)
+        for (int layout = 0; layout < 3; layout++) {
+            cfg c = { .mode = (cp_mode)mode, .layout = (cp_layout)layout, .dtype = layout == 1 ? CP_DTYPE_BF16
+                                                                                               : CP_DTYPE_F32,
+                      .format = CP_FORMAT_BSHD, .mask = CP_MASK_CAUSAL, .P = 4, .B = 1, .S = 64, .H = 4,
+                      .Hkv = mode == CP_MODE_A2A ? 4 : 2, .D = 16, .Dv = 16, .sinks = 1, .ndocs = 1 };
+            c.A = c.mode == CP_MODE_A2A_P2P ? 2 : 1;
+            if (c.layout == CP_LAYOUT_PACKED)
+                c.ndocs = random_docs(&s, c.S, 4, c.cu, 8);
+            c.window = layout == 2 ? 9 : 0;
+            if (!mode_ok(&c))
+                continue;
+            check_cfg(&c, rng_next(&s));
+            runs++;
+        }
+    pretend = NULL;
+    print_message("sinks on the pretend device: %d configurations at CP=1 and CP=P\n", runs);
+}
+
 /* Ranks passing different packs: every rank gets CP_ERROR_MISMATCH. Only
  * on CPU contexts: on a device context the forward and backward compare
  * nothing (a vote would make the host wait for the stream in every call;
@@ -888,7 +962,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed),      cmocka_unit_test(test_doc_zigzag), cmocka_unit_test(test_dense),
         cmocka_unit_test(test_large_p),     cmocka_unit_test(test_pack_mismatch),
-        cmocka_unit_test(test_ring_geometry),
+        cmocka_unit_test(test_ring_geometry), cmocka_unit_test(test_sinks_on_a_device),
     };
     return cmocka_run_group_tests_name("attn-v11", tests, NULL, NULL);
 }

@@ -172,6 +172,18 @@ typedef struct cp_backend_ops {
      */
     cp_status (*nccl_comm_create)(void *state, const void *id, size_t bytes, int nranks, int rank,
                                   cp_comm **out);
+
+    /**
+     * Row dot products (API 1.2; the rowsums dO . O of the attention sinks'
+     * gradient on a device): for b < batch, h < heads, i < seq,
+     * d[(b * heads + h) * seq + i] = sum over e < dim of x(b, i, h, e) *
+     * y(b, i, h, e), accumulated in fp32, where element (b, i, h, e) of x
+     * and of y (both of type @p t: F32, F16 or BF16) is at element offset
+     * b * sb + i * ss + h * sh + e. d is dense fp32 device memory. The
+     * core refuses plans with sinks on a device backend without this slot.
+     */
+    cp_status (*row_dot)(void *state, float *d, const void *x, const void *y, cp_dtype t, int64_t batch,
+                         int64_t seq, int32_t heads, int32_t dim, int64_t sb, int64_t ss, int64_t sh);
 } cp_backend_ops;
 
 /** Streams a device backend offers through cp_backend_ops.stream_select. */

@@ -1040,7 +1040,9 @@ typedef struct cp_kernel_attn_args {
      * positions q_pos + i and k_pos + j; a query row in several rectangles
      * gets the merged result of all of them, one in none O = 0 and
      * LSE = -inf (or is left as it was with accumulate); q_offset and
-     * k_offset are not used. One call covers a whole packed block.
+     * k_offset are not used. One call covers a whole packed block. Host
+     * memory, read during the call: the caller may reuse it once the call
+     * returns, even while the kernel is still queued.
      */
     const cp_attn_rect *rects;
     int64_t num_rects; /**< entries at @c rects (0 with rects = NULL) */

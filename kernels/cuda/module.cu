@@ -263,6 +263,34 @@ cp_status cu_merge(void *p, const cp_kernel_merge_args *a)
     return r != CP_SUCCESS ? r : launch_merge(s, a);
 }
 
+// The sinks' rowsums (API 1.2): the backward's rowsum(dO * O) kernel, on a
+// problem that holds just these rows.
+cp_status cu_row_dot(void *p, float *d, const void *x, const void *y, cp_dtype t, int64_t batch, int64_t seq,
+                     int32_t heads, int32_t dim, int64_t sb, int64_t ss, int64_t sh)
+{
+    state *s = st(p);
+    if (t != CP_DTYPE_F32 && t != CP_DTYPE_F16 && t != CP_DTYPE_BF16)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cuda row_dot: t = %d (must be F32, F16 or BF16)", (int)t);
+    if (batch <= 0 || seq <= 0 || heads <= 0 || dim <= 0 || batch > INT32_MAX)
+        return fail(CP_ERROR_INVALID_ARGUMENT, "cuda row_dot: batch %lld, seq %lld, heads %d, dim %d (must be > 0)",
+                    (long long)batch, (long long)seq, heads, dim);
+    cp_status r = use_device(s);
+    if (r != CP_SUCCESS)
+        return r;
+    attn_params a;
+    a.B = (int)batch;
+    a.H = heads;
+    a.Sq = seq;
+    a.Dv = dim;
+    a.o = tensor{x, sb, ss, sh};
+    a.dout = tensor{y, sb, ss, sh};
+    a.odt = t;
+    a.drow = d;
+    a.drb = (int64_t)heads * seq;
+    a.drh = seq;
+    return launch_drow(s, a);
+}
+
 // ---- overlap: streams and events ----
 
 cp_status cu_stream_select(void *p, int index)
@@ -383,6 +411,8 @@ cp_backend_ops make_ops()
     o.nccl_comm_create = nccl_comm_create;
     // windows, softcaps and rectangle lists (API 1.1)
     o.kernel_args_size = sizeof(cp_kernel_attn_args);
+    // the attention sinks' gradient on the device (API 1.2)
+    o.row_dot = cu_row_dot;
     return o;
 }
 

@@ -56,6 +56,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     }
     cpi_tensor o32 = cpi_tensor_take(p, ws, T, hq, d->head_dim_v, CP_DTYPE_F32);
     cpi_lse_take_lo(p, ws, &lseh);
+    const cpi_sinks_scratch sk = cpi_sinks_take(p, ws, T, hq);
     const cpi_a2a_item iq = { &uq, NULL, &qh, NULL, 0 }, ik = { &uk, NULL, &kh, NULL, 1 },
                        iv = { &uv, NULL, &vh, NULL, 1 }, io = { &uo, NULL, &oh, NULL, 0 },
                        il = { NULL, &ulse, NULL, &lseh, 0 };
@@ -75,7 +76,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     CPI_TRY(cpi_init_partial(p, &o32, &lseh));
     CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, &ds, ws));
     if (d->sinks) /* my head slice's sinks */
-        CPI_TRY(cpi_sinks_merge(p, &o32, &lseh, cpi_a2a_head_first(p, 0, member), a->sinks));
+        CPI_TRY(cpi_sinks_merge(p, &o32, &lseh, cpi_a2a_head_first(p, 0, member), a->sinks, &sk));
     CPI_TRY(cpi_convert_tensor(p, &oh, &o32));
     if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_tokens(p, &io, send, recv, 0));

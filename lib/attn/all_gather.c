@@ -58,6 +58,8 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
     cpi_tensor o32 = cpi_tensor_take(p, ws, p->s_loc, d->num_heads, d->head_dim_v, CP_DTYPE_F32);
     cpi_lse lse = { a->lse, p->s_loc, d->num_heads, NULL };
     cpi_lse_take_lo(p, ws, &lse);
+    const cpi_sinks_scratch sk = cpi_sinks_take(p, ws, p->s_loc, d->num_heads);
+    CPI_TRY(cpi_arena_check(ws, "the sinks' scratch"));
     if (ws->measuring)
         return CP_SUCCESS;
 
@@ -79,7 +81,7 @@ cp_status cpi_all_gather_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_are
         CPI_TRY(cpi_attend(p, &io, 0));
     }
     if (d->sinks)
-        CPI_TRY(cpi_sinks_merge(p, &o32, &lse, 0, a->sinks));
+        CPI_TRY(cpi_sinks_merge(p, &o32, &lse, 0, a->sinks, &sk));
     return cpi_convert_tensor(p, &out, &o32);
 }
 

@@ -147,8 +147,11 @@ static cp_status check_backend(const cp_attn_plan *p)
         if (p->ctx->ops->attn_workspace_size(p->ctx->state, &fp8, 0, &bytes) == CP_ERROR_UNSUPPORTED)
             return CP_ERROR_UNSUPPORTED; /* the backend's message names what */
     }
-    if (d->sinks && p->ctx->device != CP_DEVICE_CPU)
-        return cpi_error(CP_ERROR_UNSUPPORTED, "%s: desc->sinks = 1 is not supported by the CUDA backend yet", f);
+    if (d->sinks && p->ctx->device != CP_DEVICE_CPU && !CP_BACKEND_HAS(p->ctx->ops, row_dot))
+        return cpi_error(CP_ERROR_UNSUPPORTED,
+                         "%s: desc->sinks = 1 needs the %s backend's row_dot (its gradient's rowsums), which this "
+                         "backend does not have",
+                         f, p->ctx->ops->name ? p->ctx->ops->name : device);
     return CP_SUCCESS;
 }
 
@@ -380,6 +383,9 @@ static cp_status measure(cp_attn_plan *p, int backward, size_t *bytes)
               backward ? "backward" : "forward", (long long)p->desc.batch, (long long)p->desc.seq_len,
               p->desc.num_heads, p->desc.head_dim, p->desc.head_dim_v, mode_name(p->desc.mode));
     *bytes = a.used;
+    /* a device backward with sinks reuses the workspace for their rowsums */
+    if (backward && cpi_sinks_grad_bytes(p) > *bytes)
+        *bytes = cpi_sinks_grad_bytes(p);
     return CP_SUCCESS;
 }
 
@@ -672,8 +678,9 @@ static cp_status backward(cp_attn_plan *p, const char *func, const void *q, cons
         local = workspace(p, x.workspace, x.workspace_bytes, p->ws_bwd, func, &a);
     const cpi_bwd_args args = { q, k, v, out, dout, lse, dq, dk, dv };
     CPI_TRY(run_call(p, func, local, &(mode_call){ .bwd = &args }, &a, local == CP_SUCCESS ? x.pack : NULL));
-    /* the sinks' gradient needs only this rank's rows */
-    return p->desc.sinks ? cpi_sinks_grad(p, out, dout, lse, x.sinks, x.dsinks) : CP_SUCCESS;
+    /* the sinks' gradient needs only this rank's rows (on a device, the
+     * workspace is free again for their rowsums: the mode's work is queued) */
+    return p->desc.sinks ? cpi_sinks_grad(p, out, dout, lse, x.sinks, x.dsinks, a.base, a.cap) : CP_SUCCESS;
 }
 
 CP_EXPORT cp_status cp_attn_forward(cp_attn_plan *p, const void *q, const void *k, const void *v, void *out,

@@ -97,14 +97,24 @@ cp_status cpi_attend_scratch(const cp_attn_plan *p, int64_t max_q, int64_t max_k
  * when they are those already. */
 cp_status cpi_plan_bind(cp_attn_plan *p, const cp_pack *pk);
 
-/* Sinks (CPU contexts; plan.c refuses them elsewhere). Forward: merge the
- * sink of heads [h0, h0 + o32->heads) into the final (o32, lse) of a mode,
- * as a block of no value and LSE sink[h]. Backward: dsinks[h] = -sum over my
- * rows of exp(sink[h] - lse) rowsum(dout * out) (sinks.c). */
+/* Sinks (sinks.c). Forward: merge the sink of heads [h0, h0 + o32->heads)
+ * into the final (o32, lse) of a mode, as a block of no value and LSE
+ * sink[h]; on a device through the backend's merge, with the scratch that
+ * cpi_sinks_take took from the mode's arena (none on the CPU). Backward:
+ * dsinks[h] = -sum over my rows of exp(sink[h] - lse) rowsum(dout * out);
+ * on a device the rowsums come from the backend's row_dot into `ws`
+ * (cpi_sinks_grad_bytes of it, free once the mode's work is queued), and
+ * the sum is taken on the host after one wait. */
+typedef struct cpi_sinks_scratch {
+    float *lse_part; /* [batch][heads][ntok]: sink[h0 + h] in every row */
+    float *zero;     /* one row of heads x head_dim_v zeros: the sink's output */
+} cpi_sinks_scratch;
+cpi_sinks_scratch cpi_sinks_take(const cp_attn_plan *p, cpi_arena *ws, int64_t ntok, int32_t heads);
 cp_status cpi_sinks_merge(const cp_attn_plan *p, const cpi_tensor *o32, const cpi_lse *lse, int32_t h0,
-                          const float *sinks);
+                          const float *sinks, const cpi_sinks_scratch *sc);
+size_t cpi_sinks_grad_bytes(const cp_attn_plan *p);
 cp_status cpi_sinks_grad(const cp_attn_plan *p, const void *out, const void *dout, const float *lse,
-                         const float *sinks, float *dsinks);
+                         const float *sinks, float *dsinks, void *ws, size_t ws_bytes);
 
 /* The modes' entry points, the caller's tensors as they came. `ws` is the
  * caller's workspace (size checked); while ws->measuring they only count

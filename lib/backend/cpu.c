@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "core/half.h"
 #include "kernels/cpu/cpu.h"
 
 static cp_status cpu_open(int device_index, void *stream, int num_threads, void **state)
@@ -77,6 +78,35 @@ static cp_status cpu_memset(void *state, void *dst, int value, size_t bytes)
     return CP_SUCCESS;
 }
 
+/* Element e of a row of type t as a float. */
+static float row_elem(const void *row, cp_dtype t, int32_t e)
+{
+    switch (t) {
+    case CP_DTYPE_F16: return cpi_f16_to_f32(((const uint16_t *)row)[e]);
+    case CP_DTYPE_BF16: return cpi_bf16_to_f32(((const uint16_t *)row)[e]);
+    default: return ((const float *)row)[e];
+    }
+}
+
+static cp_status cpu_row_dot(void *state, float *d, const void *x, const void *y, cp_dtype t, int64_t batch,
+                             int64_t seq, int32_t heads, int32_t dim, int64_t sb, int64_t ss, int64_t sh)
+{
+    (void)state;
+    if (t != CP_DTYPE_F32 && t != CP_DTYPE_F16 && t != CP_DTYPE_BF16)
+        return cpi_error(CP_ERROR_INVALID_ARGUMENT, "cpu row_dot: t = %d (must be F32, F16 or BF16)", (int)t);
+    const size_t es = cpi_dtype_size(t);
+    for (int64_t b = 0; b < batch; b++)
+        for (int32_t h = 0; h < heads; h++)
+            for (int64_t i = 0; i < seq; i++) {
+                const size_t at = (size_t)(b * sb + i * ss + (int64_t)h * sh) * es;
+                float acc = 0.0f;
+                for (int32_t e = 0; e < dim; e++)
+                    acc += row_elem((const char *)x + at, t, e) * row_elem((const char *)y + at, t, e);
+                d[((size_t)b * (size_t)heads + (size_t)h) * (size_t)seq + (size_t)i] = acc;
+            }
+    return CP_SUCCESS;
+}
+
 static const cp_backend_ops cpu_ops = {
     .abi_version = CP_MODULE_ABI_VERSION,
     .struct_size = sizeof(cp_backend_ops),
@@ -100,6 +130,7 @@ static const cp_backend_ops cpu_ops = {
      * results are bitwise reproducible whatever cp_context_config says. */
     /* windows, softcaps and rectangle lists (API 1.1) */
     .kernel_args_size = sizeof(cp_kernel_attn_args),
+    .row_dot = cpu_row_dot,
 };
 
 const cp_backend_ops *cpi_cpu_backend(void)

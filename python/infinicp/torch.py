@@ -14,8 +14,7 @@ is compiled against it. ``import infinicp`` never imports this module;
 
 Tensors: CPU tensors go to CPU contexts, CUDA tensors to CUDA contexts
 (work is ordered on PyTorch's current stream, which is set on the plan's
-context before every call). A plan with sinks needs a CPU context in this
-version of the library.
+context before every call). A plan's sink logits live on its device too.
 
 FP8 (API 1.2): a plan of dtype ``"fp8_e4m3"`` takes ``torch.float8_e4m3fn``
 q, k, v with their descales and returns bfloat16; it is forward only (CPU
@@ -100,7 +99,7 @@ def attention(q, k, v, plan, pack=None, sinks=None, q_descale=None, k_descale=No
     q, k, v: this rank's tokens in the plan's format, dtype and device
     (``plan.q_shape``, ...; made contiguous if they are not). ``pack``: the
     :class:`infinicp.Pack` of a packed plan. ``sinks``: the [num_heads]
-    sink logits of a plan with sinks (a CPU tensor; its gradient is this
+    sink logits of a plan with sinks (float32, on the plan's device; its gradient is this
     rank's share: sum it over the DPxCP group like any replicated
     parameter's gradient). The backward calls the library's backward with
     the saved out and lse on the stream autograd runs it on. ``q_descale``, ``k_descale``,

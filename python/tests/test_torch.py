@@ -80,7 +80,7 @@ def run_cp_torch(P, device="cpu", dtype=torch.float32, mode="p2p", layout="zigza
             with torch.cuda.stream(stream) if streams else _nothing():
                 ql, kl, vl = (icpt.shard(x.to(dtype).to(device), where, r).detach().requires_grad_() for x in (q, k, v))
                 wl = icpt.shard(w.to(dtype).to(device), where, r)
-                sl = sink.float().clone().requires_grad_() if sinks else None
+                sl = sink.float().to(device).clone().requires_grad_() if sinks else None
                 out = icpt.attention(ql, kl, vl, plan, pack=pack, sinks=sl)
                 loss = (out.float() * wl.float()).sum()
                 if device == "cpu":
@@ -91,7 +91,7 @@ def run_cp_torch(P, device="cpu", dtype=torch.float32, mode="p2p", layout="zigza
                 if streams:
                     stream.synchronize()
             results[r] = (out.detach().cpu(), ql.grad.cpu(), kl.grad.cpu(), vl.grad.cpu(),
-                          None if not sinks else sl.grad.clone())
+                          None if not sinks else sl.grad.cpu().clone())
             plan.close()
 
     infinicp.run_ranks(P, rank_main)
@@ -182,10 +182,11 @@ def test_attention_cuda_cp4_one_gpu(mode, dtype):
 
 
 @pytest.mark.parametrize("P", [1, 4])
-@pytest.mark.parametrize("case", ["packed", "packed_window", "zigzag_window", "packed_softcap", "packed_d128"])
+@pytest.mark.parametrize("case", ["packed", "packed_window", "zigzag_window", "packed_softcap", "packed_d128",
+                                  "packed_sinks", "zigzag_sinks"])
 @pytest.mark.parametrize("mode", ["p2p", "a2a", "all_gather", "a2a_p2p"])
 def test_attention_cuda_api11_one_gpu(mode, case, P):
-    """API 1.1 on one GPU: packed documents, windows and softcaps through
+    """API 1.1 on one GPU: packed documents, windows, softcaps and sinks through
     the CUDA module's rectangle kernels, CP = 1 and CP = 4 (a stream per
     rank), bf16, forward and gradients against SDPA's math in float64."""
     _cuda_or_skip()
@@ -200,8 +201,10 @@ def test_attention_cuda_api11_one_gpu(mode, case, P):
         kw["window"] = 100
     if case.endswith("softcap"):
         kw["softcap"] = 5.0
+    if case.endswith("sinks"):  # since 1.2: the merge and the rowsums on the device
+        kw["sinks"] = True
     ref, got = run_cp_torch(P, device="cuda", dtype=torch.bfloat16, mode=mode, **kw)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), got, ref):
         assert rel(a, b) < 4 * 2.0 ** -8, name
 
 
