@@ -318,6 +318,34 @@ cp_status fakeasync_open(unsigned seed, int max_delay_us, void **out)
     return CP_SUCCESS;
 }
 
+cp_status fakeasync_context(unsigned seed, int max_delay_us, int device_index, cp_context **out)
+{
+    *out = NULL;
+    void *fake = NULL;
+    CPI_TRY(fakeasync_open(seed, max_delay_us, &fake));
+    cp_context *dev = calloc(1, sizeof *dev);
+    if (!dev) {
+        fakeasync_ops()->close(fake);
+        return CP_ERROR_OUT_OF_MEMORY;
+    }
+    dev->device = CP_DEVICE_CUDA;
+    dev->device_index = device_index;
+    dev->num_threads = 1;
+    dev->deterministic = 1;
+    dev->ops = fakeasync_ops();
+    dev->state = fake;
+    *out = dev;
+    return CP_SUCCESS;
+}
+
+void fakeasync_context_destroy(cp_context *ctx)
+{
+    if (!ctx)
+        return;
+    fakeasync_ops()->close(ctx->state);
+    free(ctx);
+}
+
 fakeasync_waits fakeasync_host_waits(const void *p)
 {
     return ((const state *)p)->waits;

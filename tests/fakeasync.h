@@ -67,6 +67,15 @@ cp_status fakeasync_open(unsigned seed, int max_delay_us, void **state);
  * by the thread that drives the state. */
 cp_status fakeasync_set_delay(void *state, int index, int max_delay_us);
 
+/* A context by hand on a new pretend device (seed, delays as for
+ * fakeasync_open), calling itself CUDA device `device_index`, one thread,
+ * deterministic: the library reaches a device through ctx->ops and
+ * ctx->state only, and no backend that cp_context_create opens is this
+ * one. Destroy with fakeasync_context_destroy. */
+struct cp_context;
+cp_status fakeasync_context(unsigned seed, int max_delay_us, int device_index, struct cp_context **out);
+void fakeasync_context_destroy(struct cp_context *ctx);
+
 /* The calls of a state that made (or, for alloc, would make on a GPU, where
  * cudaMalloc waits for the device) its caller's thread wait for the device,
  * counted since fakeasync_open: what a call that must not hold the host

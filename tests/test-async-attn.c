@@ -113,31 +113,20 @@ static cp_status open_fake(const world_rank *r, const cp_context_config *cc, voi
 {
     const fake_cfg *f = arg;
     (void)cc;
-    void *fake = NULL;
-    cp_status s = fakeasync_open(f->seed * 16 + (unsigned)r->rank, MAX_DELAY_US, &fake);
-    if (s == CP_SUCCESS && (s = fakeasync_set_delay(fake, 1, f->speed->comm_us)) == CP_SUCCESS)
-        s = fakeasync_set_delay(fake, 2, f->speed->compute_us);
-    cp_context *dev = s == CP_SUCCESS ? calloc(1, sizeof *dev) : NULL;
-    if (!dev) {
-        if (fake)
-            fakeasync_ops()->close(fake);
-        return s != CP_SUCCESS ? s : CP_ERROR_OUT_OF_MEMORY;
+    cp_status s = fakeasync_context(f->seed * 16 + (unsigned)r->rank, MAX_DELAY_US, r->rank, out);
+    if (s == CP_SUCCESS && (s = fakeasync_set_delay((*out)->state, 1, f->speed->comm_us)) == CP_SUCCESS)
+        s = fakeasync_set_delay((*out)->state, 2, f->speed->compute_us);
+    if (s != CP_SUCCESS) {
+        fakeasync_context_destroy(*out);
+        *out = NULL;
     }
-    dev->device = CP_DEVICE_CUDA;
-    dev->device_index = r->rank;
-    dev->num_threads = 1;
-    dev->deterministic = 1;
-    dev->ops = fakeasync_ops();
-    dev->state = fake;
-    *out = dev;
-    return CP_SUCCESS;
+    return s;
 }
 
 static void close_fake(cp_context *ctx, void *arg)
 {
     (void)arg;
-    fakeasync_ops()->close(ctx->state);
-    free(ctx);
+    fakeasync_context_destroy(ctx);
 }
 
 /*

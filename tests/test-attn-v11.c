@@ -806,29 +806,13 @@ static cp_status open_pretend(const world_rank *r, const cp_context_config *cc, 
 {
     (void)cc;
     (void)arg;
-    void *fake = NULL;
-    cp_status s = fakeasync_open(77u + (unsigned)r->rank, 100, &fake);
-    cp_context *dev = s == CP_SUCCESS ? calloc(1, sizeof *dev) : NULL;
-    if (!dev) {
-        if (fake)
-            fakeasync_ops()->close(fake);
-        return s != CP_SUCCESS ? s : CP_ERROR_OUT_OF_MEMORY;
-    }
-    dev->device = CP_DEVICE_CUDA;
-    dev->device_index = r->rank;
-    dev->num_threads = 1;
-    dev->deterministic = 1;
-    dev->ops = fakeasync_ops();
-    dev->state = fake;
-    *out = dev;
-    return CP_SUCCESS;
+    return fakeasync_context(77u + (unsigned)r->rank, 100, r->rank, out);
 }
 
 static void close_pretend(cp_context *ctx, void *arg)
 {
     (void)arg;
-    fakeasync_ops()->close(ctx->state);
-    free(ctx);
+    fakeasync_context_destroy(ctx);
 }
 
 /*
