@@ -48,7 +48,6 @@
 #include "attn_model.h"
 #include "cpref.h"
 #include "cprun.h"
-#include "core/context.h"
 #include "devmem.h"
 #include "fakeasync.h"
 #include "world.h"
