@@ -351,6 +351,39 @@ static void check_reduce_scatter(run *r, cp_dtype t, cp_reduce_op op, size_t cou
     twin_free(r, &recv);
 }
 
+/* reduce_scatter staged in the caller's scratch (cpi_reduce_scatter_ws):
+ * how 0: scratch of the size cpi_reduce_scratch_bytes asks for (the
+ * in-process transport then allocates nothing; F32 sums straight into
+ * recv, F16 / BF16 widen in the scratch); 1: one byte short (it stages on
+ * its own); 2: in place, recv this rank's block of send (the sums cannot
+ * go into recv). Transports without the capability ignore the scratch. */
+static void check_reduce_scatter_ws(run *r, cp_dtype t, size_t count, int how, uint32_t salt)
+{
+    const bool in_place = how == 2;
+    size_t es = cpi_dtype_size(t), total = count * (size_t)r->size, first = (size_t)r->rank * count;
+    const size_t need = cpi_reduce_scratch_bytes(count, t, !in_place), have = how == 1 ? need - 1 : need;
+    twin send = twin_make(r, total * es), recv = twin_make(r, count * es), scratch = twin_make(r, need);
+    for (size_t i = 0; i < total; i++)
+        suite_encode(t, send.host, i, value_of(t, r->rank, i, salt));
+    put(r, send.dev, send.host, total * es);
+    poison(r, &recv);
+    poison(r, &scratch);
+    void *out = in_place ? (char *)send.dev + first * es : recv.dev;
+    CHECK_OK(r, cpi_reduce_scatter_ws(r->c, &r->x, send.dev, out, count, t, CP_REDUCE_SUM, scratch.dev, have));
+    get(r, recv.host, out, count * es);
+    for (size_t i = 0; i < count; i++) {
+        double want = reference(t, CP_REDUCE_SUM, r->size, first + i, salt), got = suite_decode(t, recv.host, i);
+        if (got != want) {
+            failf(r, "reduce_scatter_ws(%s, count %zu, %s): element %zu = %.17g, want %.17g", dtype_str(t), count,
+                  how == 0 ? "scratch" : how == 1 ? "scratch 1 byte short" : "in place", i, got, want);
+            break;
+        }
+    }
+    twin_free(r, &send);
+    twin_free(r, &recv);
+    twin_free(r, &scratch);
+}
+
 /* ---- the suite ---------------------------------------------------------- */
 
 /* False (and one failure counted) when c gives no rank and size, e.g. a
@@ -394,6 +427,9 @@ static void collectives(run *r, uint32_t salt, bool big)
                 check_reduce_scatter(r, (cp_dtype)t, (cp_reduce_op)op, counts[k] + 2, s + 1000);
             }
     check_all_reduce(r, CP_DTYPE_BF16, CP_REDUCE_SUM, 0, false, salt);
+    for (int t = CP_DTYPE_F32; t <= CP_DTYPE_BF16; t++)
+        for (int how = 0; how < 3; how++)
+            check_reduce_scatter_ws(r, (cp_dtype)t, big ? 20001 : 333, how, salt + 300 + (uint32_t)(t * 4 + how));
     if (big) {
         check_all_reduce(r, CP_DTYPE_F16, CP_REDUCE_SUM, 70001, false, salt + 200);
         check_all_reduce(r, CP_DTYPE_F32, CP_REDUCE_MAX, 70001, true, salt + 201);
