@@ -73,7 +73,11 @@ static bool starts_with(const char *s, const char *prefix)
 
 static size_t dtype_bytes(cp_dtype t)
 {
-    return t == CP_DTYPE_F32 ? 4 : t == CP_DTYPE_F16 || t == CP_DTYPE_BF16 ? 2 : t == CP_DTYPE_F64 ? 8 : 0;
+    return t == CP_DTYPE_F32                           ? 4
+           : t == CP_DTYPE_F16 || t == CP_DTYPE_BF16   ? 2
+           : t == CP_DTYPE_F64                         ? 8
+           : t == CP_DTYPE_FP8_E4M3                    ? 1
+                                                       : 0;
 }
 
 /* a * b * ..., or -1 past INT64_MAX (all factors >= 0). */
@@ -92,12 +96,15 @@ static void *pattern(cp_dtype t, int64_t n)
     static const uint32_t f32[] = { 0x3f000000, 0xbe800000, 0x3f400000, 0x00000000, 0xbf000000 };
     static const uint16_t f16[] = { 0x3800, 0xb400, 0x3a00, 0x0000, 0xb800 };
     static const uint16_t bf16[] = { 0x3f00, 0xbe80, 0x3f40, 0x0000, 0xbf00 };
+    static const uint8_t fp8[] = { 0x30, 0xa8, 0x34, 0x00, 0xb0 }; /* E4M3: 0.5, -0.25, 0.75, 0, -0.5 */
     size_t es = dtype_bytes(t);
     unsigned char *b = malloc((size_t)(n ? n : 1) * es);
     CHECK(b);
     for (int64_t i = 0; i < n; i++) {
         if (t == CP_DTYPE_F32)
             memcpy(b + 4 * i, &f32[i % 5], 4);
+        else if (t == CP_DTYPE_FP8_E4M3)
+            b[i] = fp8[i % 5];
         else
             memcpy(b + 2 * i, t == CP_DTYPE_F16 ? &f16[i % 5] : &bf16[i % 5], 2);
     }
@@ -171,7 +178,7 @@ static cp_status desc_rules(const cp_attn_desc *given, cp_status *also)
         return CP_ERROR_INVALID_ARGUMENT;
     const cp_attn_desc e = effective(given), *d = &e;
     if (d->dtype != CP_DTYPE_F32 && d->dtype != CP_DTYPE_F16 && d->dtype != CP_DTYPE_BF16 &&
-        d->dtype != CP_DTYPE_F64)
+        d->dtype != CP_DTYPE_F64 && d->dtype != CP_DTYPE_FP8_E4M3)
         return CP_ERROR_INVALID_ARGUMENT;
     bool bad = (d->format != CP_FORMAT_BSHD && d->format != CP_FORMAT_SBHD) || d->batch < 1 || d->seq_len < 1 ||
                d->num_heads < 1 || d->num_kv_heads < 1 || d->num_heads % d->num_kv_heads || d->head_dim < 1 ||
@@ -235,22 +242,28 @@ static void run_plan(cp_attn_plan *p, const cp_attn_desc *d)
     const int64_t no[] = { d->batch, d->seq_len, d->num_heads, dv };
     const int64_t work[] = { d->batch, d->seq_len, d->seq_len, d->num_heads, d->head_dim + dv };
     int64_t q = product(nq, 4), k = product(nk, 4), v = product(nv, 4), o = product(no, 4), w = product(work, 5);
+    /* an FP8 plan (API 1.2) is forward only: no backward workspace, out in BF16 */
+    const bool fp8 = d->dtype == CP_DTYPE_FP8_E4M3;
     size_t wf = 0, wb = 0;
-    CHECK(cp_attn_workspace_size(p, &wf, &wb) == CP_SUCCESS && wf > 0 && wb > 0);
+    CHECK(cp_attn_workspace_size(p, &wf, &wb) == CP_SUCCESS && wf > 0 && (wb > 0) == !fp8);
     if (q > MAX_ELEMS || k > MAX_ELEMS || v > MAX_ELEMS || o > MAX_ELEMS || w < 0 || w > MAX_WORK ||
         wf > (size_t)64 << 20 || wb > (size_t)64 << 20 || fabs(d->softmax_scale) * d->head_dim > 64)
         return;
-    const cp_dtype t = d->dtype;
+    const cp_dtype t = d->dtype, ot = fp8 ? CP_DTYPE_BF16 : t;
     const int64_t rows = d->batch * d->num_heads * d->seq_len;
-    void *bq = pattern(t, q), *bk = pattern(t, k), *bv = pattern(t, v), *bo = pattern(t, o);
-    void *bdo = pattern(t, o), *bdq = pattern(t, q), *bdk = pattern(t, k), *bdv = pattern(t, v);
+    void *bq = pattern(t, q), *bk = pattern(t, k), *bv = pattern(t, v), *bo = pattern(ot, o);
+    void *bdo = pattern(ot, o), *bdq = pattern(ot, q), *bdk = pattern(ot, k), *bdv = pattern(ot, v);
     float *lse = malloc((size_t)rows * sizeof *lse);
     void *ws = aligned_alloc(64, (wf > wb ? wf : wb) / 64 * 64 + 64);
     CHECK(lse && ws);
     CHECK(cp_attn_forward(p, bq, bk, bv, bo, lse, ws, wf) == CP_SUCCESS);
-    CHECK(all_finite(bo, t, o, false) && all_finite(lse, CP_DTYPE_F32, rows, false));
-    CHECK(cp_attn_backward(p, bq, bk, bv, bo, lse, bdo, bdq, bdk, bdv, ws, wb) == CP_SUCCESS);
-    CHECK(all_finite(bdq, t, q, false) && all_finite(bdk, t, k, false) && all_finite(bdv, t, v, false));
+    CHECK(all_finite(bo, ot, o, false) && all_finite(lse, CP_DTYPE_F32, rows, false));
+    if (fp8) {
+        CHECK(cp_attn_backward(p, bq, bk, bv, bo, lse, bdo, bdq, bdk, bdv, ws, wf) == CP_ERROR_UNSUPPORTED);
+    } else {
+        CHECK(cp_attn_backward(p, bq, bk, bv, bo, lse, bdo, bdq, bdk, bdv, ws, wb) == CP_SUCCESS);
+        CHECK(all_finite(bdq, t, q, false) && all_finite(bdk, t, k, false) && all_finite(bdv, t, v, false));
+    }
     void *bufs[] = { bq, bk, bv, bo, bdo, bdq, bdk, bdv, lse, ws };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -536,7 +549,9 @@ static void fuzz_merge(fuzz_input *in)
         ext[i] = extent(&x[i]);
         fits = fits && ext[i] > 0 && ext[i] <= MAX_ELEMS;
     }
-    if (!fits || m.o_dtype == CP_DTYPE_F64 || m.o_part_dtype == CP_DTYPE_F64) {
+    /* F64 results are unsupported, FP8 is no type of results (API 1.2) */
+    if (!fits || m.o_dtype == CP_DTYPE_F64 || m.o_part_dtype == CP_DTYPE_F64 || m.o_dtype == CP_DTYPE_FP8_E4M3 ||
+        m.o_part_dtype == CP_DTYPE_FP8_E4M3) {
         cp_status s = cp_kernel_merge(ctx, &m); /* NULL pointers: never accepted */
         CHECK(s == CP_ERROR_INVALID_ARGUMENT || s == CP_ERROR_UNSUPPORTED);
         CHECK(starts_with(cp_last_error(), "cp_kernel_merge: "));
