@@ -59,6 +59,8 @@ static uint16_t encode16(double x, int ebits)
     int fbits = 15 - ebits, bias = (1 << (ebits - 1)) - 1;
     uint16_t sign = signbit(x) ? 0x8000u : 0;
     x = fabs(x);
+    if (isnan(x)) /* the quiet NaN: exponent all ones, top fraction bit */
+        return sign | (uint16_t)(((1u << ebits) - 1) << fbits) | (uint16_t)(1u << (fbits - 1));
     if (isinf(x))
         return sign | (uint16_t)(((1u << ebits) - 1) << fbits);
     if (x == 0)
@@ -121,6 +123,32 @@ double ref_load(const void *buf, cp_dtype t, size_t i)
     case CP_DTYPE_FP8_E4M3: return ref_fp8_e4m3_decode(((const uint8_t *)buf)[i]);
     }
     return NAN;
+}
+
+size_t ref_at(cp_format f, int64_t B, int64_t S, int64_t H, int64_t D, int64_t b, int64_t s, int64_t h, int64_t d)
+{
+    const int64_t row = f == CP_FORMAT_SBHD ? s * B + b : b * S + s;
+    return (size_t)((row * H + h) * D + d);
+}
+
+void ref_store_tensor(void *buf, cp_dtype t, cp_format f, int64_t B, int64_t S, int64_t H, int64_t D,
+                      const double *v)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++)
+                    ref_store(buf, t, ref_at(f, B, S, H, D, b, s, h, d), v ? v[((b * S + s) * H + h) * D + d] : NAN);
+}
+
+void ref_load_tensor(const void *buf, cp_dtype t, cp_format f, int64_t B, int64_t S, int64_t H, int64_t D,
+                     double *v)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++)
+                    v[((b * S + s) * H + h) * D + d] = ref_load(buf, t, ref_at(f, B, S, H, D, b, s, h, d));
 }
 
 uint64_t ref_rng_next(ref_rng *r)

@@ -19,9 +19,20 @@
  * from its largest value 448 to the 480 its NaN code takes the place of). */
 double ref_round(double x, cp_dtype t);
 
-/* Store x (already representable in t) into element i of buf; read it back. */
+/* Store x (already representable in t, or NaN) into element i of buf; read
+ * it back. */
 void ref_store(void *buf, cp_dtype t, size_t i, double x);
 double ref_load(const void *buf, cp_dtype t, size_t i);
+
+/* Element (b, s, h, d) of a [B][S][H][D] tensor laid out in format f
+ * (SBHD: s before b). */
+size_t ref_at(cp_format f, int64_t B, int64_t S, int64_t H, int64_t D, int64_t b, int64_t s, int64_t h, int64_t d);
+/* The BSHD values v (NULL: NaN everywhere) into buf as a tensor of type t
+ * in format f; and such a tensor back into BSHD values. */
+void ref_store_tensor(void *buf, cp_dtype t, cp_format f, int64_t B, int64_t S, int64_t H, int64_t D,
+                      const double *v);
+void ref_load_tensor(const void *buf, cp_dtype t, cp_format f, int64_t B, int64_t S, int64_t H, int64_t D,
+                     double *v);
 
 size_t ref_dtype_size(cp_dtype t);
 

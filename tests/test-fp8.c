@@ -235,14 +235,7 @@ static void *store_tensor(cp_dtype t, cp_format f, int64_t B, int64_t S, int H, 
     const size_t n = (size_t)(B * S * H * D);
     void *buf = malloc(n * ref_dtype_size(t) + 1);
     assert_non_null(buf);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t s = 0; s < S; s++)
-            for (int h = 0; h < H; h++)
-                for (int d = 0; d < D; d++) {
-                    const size_t at = f == CP_FORMAT_SBHD ? (size_t)(((s * B + b) * H + h) * D + d)
-                                                          : (size_t)(((b * S + s) * H + h) * D + d);
-                    ref_store(buf, t, at, v[((b * S + s) * H + h) * D + d]);
-                }
+    ref_store_tensor(buf, t, f, B, S, H, D, v);
     return buf;
 }
 
@@ -250,14 +243,7 @@ static double *load_tensor(cp_dtype t, cp_format f, int64_t B, int64_t S, int H,
 {
     double *v = malloc(sizeof *v * (size_t)(B * S * H * D));
     assert_non_null(v);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t s = 0; s < S; s++)
-            for (int h = 0; h < H; h++)
-                for (int d = 0; d < D; d++) {
-                    const size_t at = f == CP_FORMAT_SBHD ? (size_t)(((s * B + b) * H + h) * D + d)
-                                                          : (size_t)(((b * S + s) * H + h) * D + d);
-                    v[((b * S + s) * H + h) * D + d] = ref_load(buf, t, at);
-                }
+    ref_load_tensor(buf, t, f, B, S, H, D, v);
     return v;
 }
 

@@ -226,23 +226,6 @@ static size_t numel(const tensor *x)
     return (size_t)(x->B * x->S * x->H * x->D);
 }
 
-/* Element (b, s, h, d) in the tensor's format. */
-static size_t at(const tensor *x, int64_t b, int64_t s, int64_t h, int64_t d)
-{
-    int64_t row = x->f == CP_FORMAT_BSHD ? b * x->S + s : s * x->B + b;
-    return (size_t)((row * x->H + h) * x->D + d);
-}
-
-/* ref_store, NaN in the 16-bit types included (storage.c encodes finite
- * values and infinities only). */
-static void store_value(void *buf, cp_dtype t, size_t i, double x)
-{
-    if (isnan(x) && (t == CP_DTYPE_BF16 || t == CP_DTYPE_F16))
-        ((uint16_t *)buf)[i] = t == CP_DTYPE_BF16 ? 0x7fc0 : 0x7e00;
-    else
-        ref_store(buf, t, i, x);
-}
-
 /* A tensor holding the BSHD values vals (NULL: NaN everywhere, so that an
  * element the kernel should write and does not shows). */
 static tensor make_tensor(cp_format f, cp_dtype t, int64_t B, int64_t S, int64_t H, int64_t D, const double *vals)
@@ -250,11 +233,7 @@ static tensor make_tensor(cp_format f, cp_dtype t, int64_t B, int64_t S, int64_t
     tensor x = {NULL, t, f, B, S, H, D};
     x.buf = malloc(numel(&x) * ref_dtype_size(t));
     assert_non_null(x.buf);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t s = 0; s < S; s++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t d = 0; d < D; d++)
-                    store_value(x.buf, t, at(&x, b, s, h, d), vals ? vals[((b * S + s) * H + h) * D + d] : NAN);
+    ref_store_tensor(x.buf, t, f, B, S, H, D, vals);
     return x;
 }
 
@@ -263,11 +242,7 @@ static double *read_tensor(const tensor *x)
 {
     double *v = malloc(sizeof(double) * numel(x));
     assert_non_null(v);
-    for (int64_t b = 0; b < x->B; b++)
-        for (int64_t s = 0; s < x->S; s++)
-            for (int64_t h = 0; h < x->H; h++)
-                for (int64_t d = 0; d < x->D; d++)
-                    v[((b * x->S + s) * x->H + h) * x->D + d] = ref_load(x->buf, x->t, at(x, b, s, h, d));
+    ref_load_tensor(x->buf, x->t, x->f, x->B, x->S, x->H, x->D, v);
     return v;
 }
 
@@ -1302,7 +1277,7 @@ static void test_nonfinite(void **state)
                         size_t sidx = (size_t)((pos * heads + h) * dim + e); /* BSHD, batch 1 */
                         double keep = x[t][idx];
                         x[t][idx] = values[vi];
-                        store_value(tx[t]->buf, tx[t]->t, sidx, values[vi]);
+                        ref_store(tx[t]->buf, tx[t]->t, sidx, values[vi]);
                         run5 m1 = model_planted(&f), k1 = run_planted(cs.c[xi].ctx, &f);
                         x[t][idx] = keep;
                         ref_store(tx[t]->buf, tx[t]->t, sidx, keep);
