@@ -191,23 +191,22 @@ static cp_status check_v11(const char *func, const cp_kernel_attn_args *a)
     return CP_SUCCESS;
 }
 
-/* The API 1.2 fields: descales, for FP8 inputs only. */
-static cp_status check_v12(const char *func, const cp_kernel_attn_args *a)
+cp_status cpi_check_descales(const char *func, const char *arg, const char *whose, cp_dtype dtype, const float *q,
+                             const float *k, const float *v, int per_head)
 {
-    CPI_TRY(check_flag(func, "descale_per_head", a->descale_per_head));
+    CPI_CHECK(per_head == 0 || per_head == 1, "%s: %s->descale_per_head = %d (must be 0 or 1)", func, arg, per_head);
     const struct {
         const char *name;
         const float *p;
-    } d[] = { { "q_descale", a->q_descale }, { "k_descale", a->k_descale }, { "v_descale", a->v_descale } };
+    } d[] = { { "q_descale", q }, { "k_descale", k }, { "v_descale", v } };
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
         if (!d[i].p)
             continue;
-        CPI_CHECK(a->dtype == CP_DTYPE_FP8_E4M3,
-                  "%s: a->%s is set but a->dtype = %d (%s): descales scale FP8 inputs (a->dtype = "
-                  "CP_DTYPE_FP8_E4M3)",
-                  func, d[i].name, (int)a->dtype, cpi_dtype_name(a->dtype));
-        CPI_CHECK((uintptr_t)d[i].p % sizeof(float) == 0, "%s: a->%s = %p is not aligned to its 4-byte elements",
-                  func, d[i].name, (const void *)d[i].p);
+        CPI_CHECK(dtype == CP_DTYPE_FP8_E4M3,
+                  "%s: %s->%s is set but %s = %d (%s): descales scale FP8 inputs (CP_DTYPE_FP8_E4M3)", func, arg,
+                  d[i].name, whose, (int)dtype, cpi_dtype_name(dtype));
+        CPI_CHECK((uintptr_t)d[i].p % sizeof(float) == 0, "%s: %s->%s = %p is not aligned to its 4-byte elements",
+                  func, arg, d[i].name, (const void *)d[i].p);
     }
     return CP_SUCCESS;
 }
@@ -293,7 +292,8 @@ cp_status cpi_kernel_attn_args_check(const char *func, const cp_kernel_attn_args
               "%s: a->softmax_scale = %g (must be finite, |scale| <= %.17g; 0 for 1/sqrt(head_dim))", func,
               a->softmax_scale, CPI_SOFTMAX_SCALE_MAX);
     CPI_TRY(check_v11(func, a));
-    CPI_TRY(check_v12(func, a));
+    CPI_TRY(cpi_check_descales(func, "a", "a->dtype", a->dtype, a->q_descale, a->k_descale, a->v_descale,
+                               a->descale_per_head));
     CPI_TRY(check_result_dtype(func, "o_dtype", a->o_dtype, a->dtype));
     if (!bwd)
         CPI_TRY(check_flag(func, "accumulate", a->accumulate));

@@ -64,6 +64,15 @@ static inline bool cpi_softcap_ok(double scale, double softcap)
  */
 cp_status cpi_kernel_args_supported(const cp_context *ctx, const char *func, const cp_kernel_attn_args *a);
 
+/*
+ * The descales of a call (API 1.2; cp_kernel_attn_args or cp_attn_args,
+ * named `arg`->q_descale ...): set only with FP8 inputs (`dtype`, which
+ * `whose` names in the message), each aligned to its floats, per_head 0 or
+ * 1. `func` starts the message.
+ */
+cp_status cpi_check_descales(const char *func, const char *arg, const char *whose, cp_dtype dtype, const float *q,
+                             const float *k, const float *v, int per_head);
+
 /* The same for cp_kernel_merge(). */
 cp_status cpi_kernel_merge_args_check(const char *func, const cp_kernel_merge_args *a,
                                       cp_kernel_merge_args *out);

@@ -575,29 +575,6 @@ static cp_status run_call(cp_attn_plan *p, const char *func, cp_status local, co
 /* The first published cp_attn_args (API 1.1): everything up to workspace_bytes. */
 #define ARGS_V11_SIZE (offsetof(cp_attn_args, workspace_bytes) + sizeof(size_t))
 
-/* The descales of x (API 1.2): an FP8 plan's forward takes them. */
-static cp_status check_descales(const cp_attn_plan *p, const char *func, const cp_attn_args *x)
-{
-    const cp_attn_desc *d = &p->desc;
-    CPI_CHECK(x->descale_per_head == 0 || x->descale_per_head == 1, "%s: x->descale_per_head = %d (must be 0 or 1)",
-              func, x->descale_per_head);
-    const struct {
-        const char *name;
-        const float *p;
-    } ds[] = { { "q_descale", x->q_descale }, { "k_descale", x->k_descale }, { "v_descale", x->v_descale } };
-    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
-        if (!ds[i].p)
-            continue;
-        CPI_CHECK(d->dtype == CP_DTYPE_FP8_E4M3,
-                  "%s: x->%s is set but the plan's desc->dtype = %d (%s): descales scale FP8 inputs "
-                  "(CP_DTYPE_FP8_E4M3)",
-                  func, ds[i].name, (int)d->dtype, cpi_dtype_name(d->dtype));
-        CPI_CHECK((uintptr_t)ds[i].p % sizeof(float) == 0, "%s: x->%s = %p is not aligned to 4 bytes", func,
-                  ds[i].name, (const void *)ds[i].p);
-    }
-    return CP_SUCCESS;
-}
-
 /* The API 1.1 and 1.2 arguments against the plan; x receives them filled in. */
 static cp_status check_args(const cp_attn_plan *p, const char *func, const cp_attn_args *user, int backward,
                             cp_attn_args *x)
@@ -612,7 +589,8 @@ static cp_status check_args(const cp_attn_plan *p, const char *func, const cp_at
                          "%s: the plan's desc->dtype = CP_DTYPE_FP8_E4M3: FP8 plans are forward only (API 1.2); "
                          "a backward needs a plan of CP_DTYPE_F32, CP_DTYPE_F16 or CP_DTYPE_BF16",
                          func);
-    CPI_TRY(check_descales(p, func, x));
+    CPI_TRY(cpi_check_descales(func, "x", "the plan's desc->dtype", d->dtype, x->q_descale, x->k_descale,
+                               x->v_descale, x->descale_per_head));
     const cp_pack *pk = x->pack;
     /* the 1.0 calls take neither a pack nor sinks */
     const bool v10 = !strcmp(func, "cp_attn_forward") || !strcmp(func, "cp_attn_backward");
