@@ -8,6 +8,7 @@
  * the exact value) but is no type of reductions: a sum of FP8 values has no
  * FP8 meaning the library could give it.
  */
+#include "core/elem.h"
 #include "core/fp8.h"
 #include "core/half.h"
 #include "kernels/cpu/cpu.h"
@@ -15,19 +16,6 @@
 /* Elements per block of the vector path, and per thread at least. */
 #define BLOCK 2048
 #define PER_THREAD (64 * 1024)
-
-/* Load element i of a buffer of type t as double (exact for every dtype). */
-static inline double load(const void *p, cp_dtype t, size_t i)
-{
-    switch (t) {
-    case CP_DTYPE_F32: return ((const float *)p)[i];
-    case CP_DTYPE_F16: return cpi_f16_to_f32(((const uint16_t *)p)[i]);
-    case CP_DTYPE_BF16: return cpi_bf16_to_f32(((const uint16_t *)p)[i]);
-    case CP_DTYPE_F64: return ((const double *)p)[i];
-    case CP_DTYPE_FP8_E4M3: return cpi_fp8_e4m3_to_f32(((const uint8_t *)p)[i]);
-    }
-    return 0;
-}
 
 /* Store as type t, rounding once to nearest even (F16/BF16 go through f32,
  * which is exact for any value that came from an F32, F16 or BF16; FP8 is
@@ -92,7 +80,7 @@ cp_status cpi_cpu_convert(void *state, void *dst, cp_dtype dst_type, const void 
         return CP_SUCCESS;
     }
     for (size_t i = 0; i < count; i++)
-        store(dst, dst_type, i, load(src, src_type, i));
+        store(dst, dst_type, i, cpi_load_elem(src, src_type, i));
     return CP_SUCCESS;
 }
 
@@ -111,7 +99,7 @@ cp_status cpi_cpu_reduce(void *state, void *acc, const void *x, cp_dtype dtype, 
         return CP_SUCCESS;
     }
     for (size_t i = 0; i < count; i++) {
-        double a = load(acc, dtype, i), b = load(x, dtype, i);
+        double a = cpi_load_elem(acc, dtype, i), b = cpi_load_elem(x, dtype, i);
         /* MAX: a NaN on either side wins, as in the fp32 sum */
         double r = op == CP_REDUCE_SUM ? a + b : a != a ? a : b != b ? b : a >= b ? a : b;
         if (dtype == CP_DTYPE_F32 || dtype == CP_DTYPE_F16 || dtype == CP_DTYPE_BF16)

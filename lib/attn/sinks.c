@@ -21,7 +21,7 @@
 #include <stdlib.h>
 
 #include "attn/plan.h"
-#include "core/half.h"
+#include "core/elem.h"
 
 static bool on_device(const cp_attn_plan *p)
 {
@@ -129,16 +129,6 @@ cp_status cpi_sinks_merge(const cp_attn_plan *p, const cpi_tensor *o32, const cp
     return CP_SUCCESS;
 }
 
-/* Element e of a row of the plan's dtype, as a double. */
-static double elem(const void *row, cp_dtype t, int32_t e)
-{
-    switch (t) {
-    case CP_DTYPE_F16: return cpi_f16_to_f32(((const uint16_t *)row)[e]);
-    case CP_DTYPE_BF16: return cpi_bf16_to_f32(((const uint16_t *)row)[e]);
-    default: return ((const float *)row)[e];
-    }
-}
-
 size_t cpi_sinks_grad_bytes(const cp_attn_plan *p)
 {
     if (!p->desc.sinks || !on_device(p))
@@ -213,7 +203,8 @@ cp_status cpi_sinks_grad(const cp_attn_plan *p, const void *out, const void *dou
                 const size_t at = (size_t)(b * sb + i * ss + h * sh) * es;
                 double D = 0;
                 for (int32_t e = 0; e < d->head_dim_v; e++)
-                    D += elem((const char *)dout + at, d->dtype, e) * elem((const char *)out + at, d->dtype, e);
+                    D += cpi_load_elem((const char *)dout + at, d->dtype, (size_t)e) *
+                         cpi_load_elem((const char *)out + at, d->dtype, (size_t)e);
                 g -= exp((double)sinks[h] - l) * D;
             }
         dsinks[h] = (float)g;

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
-#include "core/half.h"
+#include "core/elem.h"
 #include "kernels/cpu/cpu.h"
 
 static cp_status cpu_open(int device_index, void *stream, int num_threads, void **state)
@@ -78,16 +78,6 @@ static cp_status cpu_memset(void *state, void *dst, int value, size_t bytes)
     return CP_SUCCESS;
 }
 
-/* Element e of a row of type t as a float. */
-static float row_elem(const void *row, cp_dtype t, int32_t e)
-{
-    switch (t) {
-    case CP_DTYPE_F16: return cpi_f16_to_f32(((const uint16_t *)row)[e]);
-    case CP_DTYPE_BF16: return cpi_bf16_to_f32(((const uint16_t *)row)[e]);
-    default: return ((const float *)row)[e];
-    }
-}
-
 static cp_status cpu_row_dot(void *state, float *d, const void *x, const void *y, cp_dtype t, int64_t batch,
                              int64_t seq, int32_t heads, int32_t dim, int64_t sb, int64_t ss, int64_t sh)
 {
@@ -101,7 +91,8 @@ static cp_status cpu_row_dot(void *state, float *d, const void *x, const void *y
                 const size_t at = (size_t)(b * sb + i * ss + (int64_t)h * sh) * es;
                 float acc = 0.0f;
                 for (int32_t e = 0; e < dim; e++)
-                    acc += row_elem((const char *)x + at, t, e) * row_elem((const char *)y + at, t, e);
+                    acc += (float)cpi_load_elem((const char *)x + at, t, (size_t)e) *
+                           (float)cpi_load_elem((const char *)y + at, t, (size_t)e);
                 d[((size_t)b * (size_t)heads + (size_t)h) * (size_t)seq + (size_t)i] = acc;
             }
     return CP_SUCCESS;
