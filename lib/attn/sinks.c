@@ -55,12 +55,8 @@ static cp_status merge_on_device(const cp_attn_plan *p, const cpi_tensor *o32, c
     for (int64_t b = 0; b < B; b++)
         CPI_TRY(ops->copy_2d(st, sc->lse_part + (size_t)b * (size_t)H * (size_t)n, pitch, sinks + h0, sizeof(float),
                              sizeof(float), (size_t)H, CP_COPY_DEVICE_TO_DEVICE));
-    /* then each row doubles its filled part: log2(n) copies for all rows */
-    for (int64_t have = 1; have < n; have *= 2) {
-        const int64_t m = n - have < have ? n - have : have;
-        CPI_TRY(ops->copy_2d(st, sc->lse_part + have, pitch, sc->lse_part, pitch, (size_t)m * sizeof(float),
-                             (size_t)(B * H), CP_COPY_DEVICE_TO_DEVICE));
-    }
+    /* then to the end of each row */
+    CPI_TRY(cpi_fill_rows(p, sc->lse_part, (size_t)(B * H), (size_t)n, 1));
     CPI_TRY(ops->memset(st, sc->zero, 0, (size_t)H * (size_t)Dv * sizeof(float)));
     int64_t sb, ss, sh;
     cpi_tensor_strides(p, o32, &sb, &ss, &sh);

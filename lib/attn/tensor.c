@@ -156,6 +156,16 @@ cp_status cpi_plan_neg_inf_row(cp_attn_plan *p)
     return p->ctx->ops->copy_2d(p->ctx->state, p->neg_inf, 0, row, 0, sizeof row, 1, CP_COPY_HOST_TO_DEVICE);
 }
 
+cp_status cpi_fill_rows(const cp_attn_plan *p, float *rows, size_t nrows, size_t n, size_t have)
+{
+    for (; have < n; have *= 2) {
+        const size_t m = n - have < have ? n - have : have;
+        CPI_TRY(p->ctx->ops->copy_2d(p->ctx->state, rows + have, n * sizeof(float), rows, n * sizeof(float),
+                                     m * sizeof(float), nrows, local_kind(p)));
+    }
+    return CP_SUCCESS;
+}
+
 cp_status cpi_init_partial(const cp_attn_plan *p, const cpi_tensor *o32, const cpi_lse *lse)
 {
     CPI_TRY(cpi_zero(p, o32));
@@ -176,10 +186,5 @@ cp_status cpi_init_partial(const cp_attn_plan *p, const cpi_tensor *o32, const c
         CPI_TRY(p->ctx->ops->copy_2d(p->ctx->state, lse->data, 0, row, 0, have * sizeof(float), 1,
                                      cpu ? CP_COPY_HOST_TO_HOST : CP_COPY_HOST_TO_DEVICE));
     }
-    for (; have < n; have *= 2) {
-        size_t m = n - have < have ? n - have : have;
-        CPI_TRY(p->ctx->ops->copy_2d(p->ctx->state, lse->data + have, 0, lse->data, 0, m * sizeof(float), 1,
-                                     local_kind(p)));
-    }
-    return CP_SUCCESS;
+    return cpi_fill_rows(p, lse->data, 1, n, have);
 }

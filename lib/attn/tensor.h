@@ -79,6 +79,10 @@ cp_status cpi_copy_lse(const cp_attn_plan *p, const cpi_lse *dst, int64_t dst_ro
 cp_status cpi_convert_tensor(const cp_attn_plan *p, const cpi_tensor *dst, const cpi_tensor *src);
 /* O = 0 (F32), LSE = -inf, its residual 0. */
 cp_status cpi_init_partial(const cp_attn_plan *p, const cpi_tensor *o32, const cpi_lse *lse);
+/* Each of nrows rows of n floats (n apart) whose first `have` (>= 1) hold a
+ * pattern gets it repeated to its end, by copies on the plan's device that
+ * double the filled part: log2(n / have) of them for all rows. */
+cp_status cpi_fill_rows(const cp_attn_plan *p, float *rows, size_t nrows, size_t n, size_t have);
 /* On a device context, p->neg_inf: the -inf row cpi_init_partial copies
  * LSE resets from on the device (made once; a copy from host memory would
  * hold the host in every call). */
