@@ -71,16 +71,23 @@ def fp8_data(rng, shape, amp, descale):
     return codes, vals
 
 
-@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
-def test_kernel_forward(per_head):
-    rng = np.random.default_rng(1)
-    B, S, H, Hkv, D = 2, 40, 4, 2, 16
+def fp8_qkv(rng, B, S, H, Hkv, D, per_head):
+    """(codes, values, descales) of q, k and v: descales per head or one
+    each, values the decoded codes times them."""
     qd = rng.uniform(0.05, 0.3, H if per_head else 1).astype(np.float32)
     kd = rng.uniform(0.1, 0.5, Hkv if per_head else 1).astype(np.float32)
     vd = rng.uniform(1e-3, 1e-2, Hkv if per_head else 1).astype(np.float32)
     q, qv = fp8_data(rng, (B, S, H, D), 8, qd)
     k, kv = fp8_data(rng, (B, S, Hkv, D), 8, kd)
     v, vv = fp8_data(rng, (B, S, Hkv, D), 200, vd)
+    return (q, qv, qd), (k, kv, kd), (v, vv, vd)
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
+def test_kernel_forward(per_head):
+    rng = np.random.default_rng(1)
+    B, S, H, Hkv, D = 2, 40, 4, 2, 16
+    (q, qv, qd), (k, kv, kd), (v, vv, vd) = fp8_qkv(rng, B, S, H, Hkv, D, per_head)
     ref = reference(qv, kv, vv, np.zeros((B, S, H, D)), causal=True)
     ctx = infinicp.Context("cpu", num_threads=2)
     descales = (qd, kd, vd) if per_head else (float(qd[0]), kd, float(vd[0]))  # numbers or arrays
@@ -111,12 +118,7 @@ def run_fp8(P, mode, layout, causal=True, per_head=False, Hkv=2, window=0, softc
     rng = np.random.default_rng(seed)
     B, S, H, D = (1 if layout == "packed" else 2), 32, 4, 16
     cu = [0, 5, 15, 16, S] if layout == "packed" else None
-    qd = rng.uniform(0.05, 0.3, H if per_head else 1).astype(np.float32)
-    kd = rng.uniform(0.1, 0.5, Hkv if per_head else 1).astype(np.float32)
-    vd = rng.uniform(1e-3, 1e-2, Hkv if per_head else 1).astype(np.float32)
-    q, qv = fp8_data(rng, (B, S, H, D), 8, qd)
-    k, kv = fp8_data(rng, (B, S, Hkv, D), 8, kd)
-    v, vv = fp8_data(rng, (B, S, Hkv, D), 200, vd)
+    (q, qv, qd), (k, kv, kd), (v, vv, vd) = fp8_qkv(rng, B, S, H, Hkv, D, per_head)
     sink_logits = rng.standard_normal(H).astype(np.float32) if sinks else None
     ref = reference(qv, kv, vv, np.zeros((B, S, H, D)), causal, 0.0, window, softcap,
                     None if sink_logits is None else sink_logits.astype(np.float64),
