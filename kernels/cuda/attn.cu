@@ -177,8 +177,8 @@ constexpr bool SIMT_RECTS = true;
 
 attn_path choose(const state *s, const attn_params &p, int backward)
 {
-    if (p.dt == CP_DTYPE_FP8_E4M3) // API 1.2: the SIMT forward, while it is experimental (knobs.cuh)
-        return s->knob.fp8 && !backward && simt_fits(s, p, 0) ? PATH_SIMT : PATH_AUTO;
+    if (p.dt == CP_DTYPE_FP8_E4M3) // API 1.2: the SIMT forward (the tensor-core FP8 kernels are to come)
+        return !backward && simt_fits(s, p, 0) ? PATH_SIMT : PATH_AUTO;
     if (p.rects) {
         // API 1.1: the rectangle kernels (mma.sync for 16-bit types, SIMT
         // for F32 and what the tensor-core tiles do not take)
@@ -225,9 +225,9 @@ cp_status unsupported(const attn_params &p, const char *func)
 {
     if (p.dt == CP_DTYPE_FP8_E4M3)
         return fail(CP_ERROR_UNSUPPORTED,
-                    "%s: a->dtype = CP_DTYPE_FP8_E4M3 is not enabled on CUDA in this version (experimental: "
-                    "INFINICP_CUDA_FP8=simt runs it on the fp32 SIMT kernels)",
-                    func);
+                    "%s: a->dtype = CP_DTYPE_FP8_E4M3 with head_dim %d, head_dim_v %d (the CUDA FP8 forward "
+                    "runs on the SIMT kernels: their tiles must fit in shared memory)",
+                    func, p.D, p.Dv);
     if (p.rects)
         return fail(CP_ERROR_UNSUPPORTED,
                     "%s: no CUDA path for rectangles, windows or softcaps with head_dim %d, head_dim_v %d, "

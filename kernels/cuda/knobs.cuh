@@ -32,10 +32,7 @@
     KNOB(wgmma_ws, "INFINICP_CUDA_WGMMA_WS", 1, {"0", 0})                                                              \
     /* 0: the backward ignores cp_kernel_attn_args.drow and computes rowsum(dO * O) in every call                      \
      * (attn.cu; suite gpu-attn-drow-off). */                                                                          \
-    KNOB(drow_reuse, "INFINICP_CUDA_DROW", 1, {"0", 0})                                                               \
-    /* simt: the FP8 (E4M3) forward on the SIMT kernels (attn_simt.cu); without it FP8 is refused. Off until            \
-     * the GPU suites have run it (the fp8 rows of test_torch.py); then the default, and this line goes. */            \
-    KNOB(fp8, "INFINICP_CUDA_FP8", 0, {"simt", 1})
+    KNOB(drow_reuse, "INFINICP_CUDA_DROW", 1, {"0", 0})
 
 namespace cu {
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """FP8 E4M3 (API 1.2) with PyTorch's torch.float8_e4m3fn on CPU contexts
-and (experimental, INFINICP_CUDA_FP8=simt) on one GPU: the plan's forward
+and on one GPU (the SIMT kernels): the plan's forward
 and infinicp.torch.attention against a float64 reference of the decoded
 values times the descales (per tensor and per head), bfloat16 outputs,
 and the refusal of FP8 under autograd. Skipped without PyTorch, or with a
@@ -27,12 +27,9 @@ def fp8(rng, shape, amp):
     return t, t.to(torch.float64).numpy()
 
 
-def _cuda_fp8_or_skip(monkeypatch):
-    """The CUDA module's FP8 forward is off by default while it is
-    experimental; contexts read the knob when they open."""
+def _cuda_or_skip():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    monkeypatch.setenv("INFINICP_CUDA_FP8", "simt")
     try:
         infinicp.Context("cuda").close()
     except infinicp.Error as e:
@@ -42,9 +39,9 @@ def _cuda_fp8_or_skip(monkeypatch):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
 @pytest.mark.parametrize("mode", ["p2p", "a2a", "all_gather", "a2a_p2p"])
-def test_attention_float8(mode, per_head, device, monkeypatch):
+def test_attention_float8(mode, per_head, device):
     if device == "cuda":
-        _cuda_fp8_or_skip(monkeypatch)
+        _cuda_or_skip()
     elif mode in ("all_gather", "a2a_p2p"):
         pytest.skip("on the CPU p2p and a2a stand for the modes (test-fp8 runs them all)")
     P, B, S, H, Hkv, D = (4 if mode == "a2a_p2p" else 2), 1, 32, 4, 2, 16
