@@ -5,7 +5,9 @@
  * attn_model.h (document masks, windows, softcap, sinks and their
  * gradient), written apart from the library. Each configuration runs at
  * CP=1 and CP=P on the same inputs: the error at CP=P must stay within 1.25x
- * of CP=1's (CP adds no error), and CP=1's within a bound per dtype.
+ * of CP=1's (CP adds no error), and CP=1's within a bound per dtype. The
+ * runs and that comparison are cpattn.c's (shared with test-fp8.c); the
+ * inputs, the model's results and the configurations are this suite's.
  *
  * Documents are random (length-1 documents, one spanning every rank,
  * boundaries on chunk edges), windows random (1, inside a chunk, larger
@@ -46,45 +48,13 @@
 
 #include "attn/ring.h"
 #include "attn_model.h"
+#include "cpattn.h"
 #include "cpref.h"
 #include "cprun.h"
-#include "devmem.h"
 #include "fakeasync.h"
 #include "world.h"
 
-/* ---- one configuration ---------------------------------------------- */
-
-typedef struct cfg {
-    cp_mode mode;
-    cp_layout layout; /* CP_LAYOUT_PACKED: the documents below */
-    cp_dtype dtype;
-    cp_format format;
-    cp_mask mask;
-    int P, A, strided;
-    int64_t B, S;
-    int H, Hkv, D, Dv;
-    int64_t window;
-    double softcap;
-    int sinks;
-    int ndocs;
-    int64_t cu[64];
-    cp_balance balance;
-    int64_t chunk;
-} cfg;
-
-/* Global data in double ([B][S][heads][dim]) and results. */
-typedef struct data {
-    double *q, *k, *v, *dout, *sinks;
-    double dsinks_scale; /* sqrt(sum_h (sum_i |exp(sink_h - lse_i) rowsum(dout_i * o_i)|)^2): the sum's size
-                          * without its cancellation */
-    double *out, *lse, *dq, *dk, *dv, *dsinks; /* a run's, or the model's */
-} data;
-
-static size_t n_q(const cfg *c) { return (size_t)(c->B * c->S * c->H * c->D); }
-static size_t n_k(const cfg *c) { return (size_t)(c->B * c->S * c->Hkv * c->D); }
-static size_t n_v(const cfg *c) { return (size_t)(c->B * c->S * c->Hkv * c->Dv); }
-static size_t n_o(const cfg *c) { return (size_t)(c->B * c->S * c->H * c->Dv); }
-static size_t n_l(const cfg *c) { return (size_t)(c->B * c->H * c->S); }
+/* ---- one configuration's data --------------------------------------- */
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -106,49 +76,27 @@ static double *alloc_d(size_t n)
     return p;
 }
 
-static void results_alloc(const cfg *c, data *d)
-{
-    d->out = alloc_d(n_o(c));
-    d->lse = alloc_d(n_l(c));
-    d->dq = alloc_d(n_q(c));
-    d->dk = alloc_d(n_k(c));
-    d->dv = alloc_d(n_v(c));
-    d->dsinks = alloc_d((size_t)c->H);
-}
-
-static void results_free(data *d)
-{
-    free(d->out);
-    free(d->lse);
-    free(d->dq);
-    free(d->dk);
-    free(d->dv);
-    free(d->dsinks);
-}
-
-static size_t global_at(const cfg *c, int heads, int dim, int64_t b, int64_t p, int h, int e);
-
 /* Inputs rounded to the storage type, and the model's results. */
-static void make_data(const cfg *c, uint64_t seed, data *d)
+static void make_data(const cpattn_cfg *c, uint64_t seed, cpattn_data *d)
 {
     memset(d, 0, sizeof *d);
-    d->q = alloc_d(n_q(c));
-    d->k = alloc_d(n_k(c));
-    d->v = alloc_d(n_v(c));
-    d->dout = alloc_d(n_o(c));
+    d->q = alloc_d(cpattn_nq(c));
+    d->k = alloc_d(cpattn_nk(c));
+    d->v = alloc_d(cpattn_nv(c));
+    d->dout = alloc_d(cpattn_no(c));
     d->sinks = alloc_d((size_t)c->H);
     uint64_t s = seed;
-    for (size_t i = 0; i < n_q(c); i++)
+    for (size_t i = 0; i < cpattn_nq(c); i++)
         d->q[i] = cpref_round(2 * uni(&s), c->dtype);
-    for (size_t i = 0; i < n_k(c); i++)
+    for (size_t i = 0; i < cpattn_nk(c); i++)
         d->k[i] = cpref_round(2 * uni(&s), c->dtype);
-    for (size_t i = 0; i < n_v(c); i++)
+    for (size_t i = 0; i < cpattn_nv(c); i++)
         d->v[i] = cpref_round(uni(&s), c->dtype);
-    for (size_t i = 0; i < n_o(c); i++)
+    for (size_t i = 0; i < cpattn_no(c); i++)
         d->dout[i] = cpref_round(uni(&s), c->dtype);
     for (int h = 0; h < c->H; h++)
         d->sinks[h] = (float)(1.5 * uni(&s));
-    results_alloc(c, d);
+    cpattn_results_alloc(c, d);
     const model_shape m = { .batch = c->B, .seq_q = c->S, .seq_k = c->S, .heads = c->H, .kv_heads = c->Hkv,
                             .head_dim = c->D, .head_dim_v = c->Dv, .causal = c->mask == CP_MASK_CAUSAL,
                             .scale = 1.0 / sqrt((double)c->D) };
@@ -157,10 +105,10 @@ static void make_data(const cfg *c, uint64_t seed, data *d)
                           .sinks = c->sinks ? d->sinks : NULL };
     model_forward_ex(&m, &x, d->q, d->k, d->v, d->out, d->lse);
     /* the backward from the forward's results as the library stores them */
-    double *o16 = alloc_d(n_o(c)), *l32 = alloc_d(n_l(c));
-    for (size_t i = 0; i < n_o(c); i++)
+    double *o16 = alloc_d(cpattn_no(c)), *l32 = alloc_d(cpattn_nl(c));
+    for (size_t i = 0; i < cpattn_no(c); i++)
         o16[i] = cpref_round(d->out[i], c->dtype);
-    for (size_t i = 0; i < n_l(c); i++)
+    for (size_t i = 0; i < cpattn_nl(c); i++)
         l32[i] = (float)d->lse[i];
     model_backward_ex(&m, &x, d->q, d->k, d->v, o16, l32, d->dout, d->dq, d->dk, d->dv, c->sinks ? d->dsinks : NULL);
     double ss = 0;
@@ -169,9 +117,13 @@ static void make_data(const cfg *c, uint64_t seed, data *d)
         for (int64_t b = 0; b < c->B; b++)
             for (int64_t i = 0; i < c->S; i++) {
                 double D = 0;
-                for (int e = 0; e < c->Dv; e++)
-                    D += d->dout[global_at(c, c->H, c->Dv, b, i, h, e)] * o16[global_at(c, c->H, c->Dv, b, i, h, e)];
-                a += fabs(exp(d->sinks[h] - l32[((size_t)b * (size_t)c->H + (size_t)h) * (size_t)c->S + (size_t)i]) * D);
+                for (int e = 0; e < c->Dv; e++) {
+                    const size_t at = ((((size_t)b * (size_t)c->S + (size_t)i) * (size_t)c->H + (size_t)h) *
+                                       (size_t)c->Dv) + (size_t)e;
+                    D += d->dout[at] * o16[at];
+                }
+                const size_t row = ((size_t)b * (size_t)c->H + (size_t)h) * (size_t)c->S + (size_t)i;
+                a += fabs(exp(d->sinks[h] - l32[row]) * D);
             }
         ss += a * a;
     }
@@ -180,321 +132,17 @@ static void make_data(const cfg *c, uint64_t seed, data *d)
     free(l32);
 }
 
-static void data_free(data *d)
-{
-    free(d->q);
-    free(d->k);
-    free(d->v);
-    free(d->dout);
-    free(d->sinks);
-    results_free(d);
-}
-
-/* ---- one rank ------------------------------------------------------- */
-
-typedef struct run {
-    const cfg *c;
-    const data *d;
-    data res;          /* gathered results */
-    int bad_pack_rank; /* >= 0: that rank's pack has other documents */
-    pthread_mutex_t lock;
-} run;
-
-/* Element (b, local token t, h, e) of a local tensor in the run's format. */
-static size_t local_at(const cfg *c, int64_t Sl, int heads, int dim, int64_t b, int64_t t, int h, int e)
-{
-    if (c->format == CP_FORMAT_SBHD)
-        return (((size_t)t * (size_t)c->B + (size_t)b) * (size_t)heads + (size_t)h) * (size_t)dim + (size_t)e;
-    return (((size_t)b * (size_t)Sl + (size_t)t) * (size_t)heads + (size_t)h) * (size_t)dim + (size_t)e;
-}
-
-static size_t global_at(const cfg *c, int heads, int dim, int64_t b, int64_t p, int h, int e)
-{
-    return (((size_t)b * (size_t)c->S + (size_t)p) * (size_t)heads + (size_t)h) * (size_t)dim + (size_t)e;
-}
-
-static void *shard(const cfg *c, const double *g, const int64_t *pos, int64_t Sl, int heads, int dim)
-{
-    const size_t n = (size_t)(c->B * Sl * heads * dim);
-    double *tmp = alloc_d(n);
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t t = 0; t < Sl; t++)
-            for (int h = 0; h < heads; h++)
-                for (int e = 0; e < dim; e++)
-                    tmp[local_at(c, Sl, heads, dim, b, t, h, e)] = g[global_at(c, heads, dim, b, pos[t], h, e)];
-    void *out = calloc(n ? n : 1, cpref_dtype_size(c->dtype));
-    assert_non_null(out);
-    cpref_store(out, c->dtype, tmp, n);
-    free(tmp);
-    return out;
-}
-
-static void unshard(const cfg *c, const void *local, const int64_t *pos, int64_t Sl, int heads, int dim, double *g)
-{
-    const size_t n = (size_t)(c->B * Sl * heads * dim);
-    double *tmp = alloc_d(n);
-    cpref_load(tmp, local, c->dtype, n);
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t t = 0; t < Sl; t++)
-            for (int h = 0; h < heads; h++)
-                for (int e = 0; e < dim; e++)
-                    g[global_at(c, heads, dim, b, pos[t], h, e)] = tmp[local_at(c, Sl, heads, dim, b, t, h, e)];
-    free(tmp);
-}
-
-static cp_status make_pack(const cfg *c, int other, cp_pack **pk)
-{
-    int64_t cu[64];
-    memcpy(cu, c->cu, sizeof cu);
-    if (other && c->ndocs > 1)
-        cu[1] = cu[1] + 1 < cu[2] ? cu[1] + 1 : cu[1] - 1 > 0 ? cu[1] - 1 : cu[1];
-    else if (other)
-        return CP_ERROR_INTERNAL;
-    cp_pack_config pc = CP_PACK_CONFIG_INIT;
-    pc.cp_size = c->P;
-    pc.cu_seqlens = cu;
-    pc.num_seqs = c->ndocs;
-    pc.mask = c->mask;
-    pc.window = c->window;
-    pc.balance = c->balance;
-    pc.chunk = c->chunk;
-    return cp_pack_create(&pc, pk);
-}
-
-/* Where the ranks' contexts are: NULL for cprun_device, else a pretend
- * device (test_sinks_on_a_device). */
-static const fixture_device *pretend;
-
-static void rank_main(world_rank *r, void *arg)
-{
-    run *u = arg;
-    const cfg *c = u->c;
-    const data *d = u->d;
-    cp_attn_desc desc = CP_ATTN_DESC_INIT;
-    desc.dtype = c->dtype;
-    desc.format = c->format;
-    desc.batch = c->B;
-    desc.seq_len = c->S;
-    desc.num_heads = c->H;
-    desc.num_kv_heads = c->Hkv;
-    desc.head_dim = c->D;
-    desc.head_dim_v = c->Dv;
-    desc.mask = c->mask;
-    desc.layout = c->layout;
-    desc.mode = c->mode;
-    desc.window = c->window;
-    desc.softcap = c->softcap;
-    desc.sinks = c->sinks;
-    cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
-    cc.num_threads = 1;
-    cc.device = cprun_device;
-    cp_group_config gc = CP_GROUP_CONFIG_INIT;
-    gc.a2a_size = c->mode == CP_MODE_A2A_P2P ? c->A : 1;
-    gc.timeout_ms = 60000;
-    fixture_cfg fc = { .context = &cc, .device = pretend, .group = &gc, .desc = &desc };
-    if (c->strided) {
-        fc.split = 1;
-        fc.color = r->rank % 2;
-        fc.key = r->rank / 2;
-    }
-    if (fixture_open(r, &fc) != CP_SUCCESS)
-        return;
-    const int rank = r->fx.rank;
-    const int64_t Sl = c->S / c->P;
-    int64_t *pos = calloc((size_t)Sl, sizeof *pos);
-    cp_pack *pk = NULL;
-    cp_status s;
-    if (c->layout == CP_LAYOUT_PACKED) {
-        s = make_pack(c, rank == u->bad_pack_rank, &pk);
-        if (world_fail(r, s, "cp_pack_create") != CP_SUCCESS)
-            goto out;
-        s = cp_pack_positions(pk, rank, pos, NULL, NULL);
-    } else {
-        s = cp_layout_positions(c->layout, c->P, rank, c->S, pos);
-    }
-    if (world_fail(r, s, "positions") != CP_SUCCESS)
-        goto out;
-    void *q = shard(c, d->q, pos, Sl, c->H, c->D), *k = shard(c, d->k, pos, Sl, c->Hkv, c->D),
-         *v = shard(c, d->v, pos, Sl, c->Hkv, c->Dv), *dout = shard(c, d->dout, pos, Sl, c->H, c->Dv);
-    const size_t es = cpref_dtype_size(c->dtype);
-    void *o = calloc(n_o(c) / (size_t)c->P, es), *dq = calloc(n_q(c) / (size_t)c->P, es),
-         *dk = calloc(n_k(c) / (size_t)c->P, es), *dv = calloc(n_v(c) / (size_t)c->P, es);
-    float *lse = calloc(n_l(c) / (size_t)c->P, sizeof *lse), sinks[64], dsinks[64];
-    for (int h = 0; h < c->H; h++)
-        sinks[h] = (float)d->sinks[h];
-    /* the tensors on the context's device (the host buffers themselves on
-     * the CPU); sinks too, like every tensor of the call */
-    cp_context *ctx = r->fx.ctx;
-    enum { BQ, BK, BV, BDOUT, BO, BDQ, BDK, BDV, BLSE, BSINKS, BDSINKS, NB };
-    void *const host[NB] = { q, k, v, dout, o, dq, dk, dv, lse, c->sinks ? sinks : NULL, c->sinks ? dsinks : NULL };
-    const size_t bytes[NB] = { n_q(c) / (size_t)c->P * es,       n_k(c) / (size_t)c->P * es,
-                               n_v(c) / (size_t)c->P * es,       n_o(c) / (size_t)c->P * es,
-                               n_o(c) / (size_t)c->P * es,       n_q(c) / (size_t)c->P * es,
-                               n_k(c) / (size_t)c->P * es,       n_v(c) / (size_t)c->P * es,
-                               n_l(c) / (size_t)c->P * sizeof(float), (size_t)c->H * sizeof(float),
-                               (size_t)c->H * sizeof(float) };
-    void *dev[NB] = { NULL };
-    for (int i = 0; i < NB; i++)
-        if (world_fail(r, devmem_put(ctx, host[i], bytes[i], &dev[i]), "copy to the device") != CP_SUCCESS)
-            goto free_all;
-    cp_attn_args x = CP_ATTN_ARGS_INIT;
-    x.pack = pk;
-    x.sinks = dev[BSINKS];
-    x.dsinks = dev[BDSINKS];
-    s = cp_attn_forward_ex(r->fx.plan, dev[BQ], dev[BK], dev[BV], dev[BO], dev[BLSE], &x);
-    if (u->bad_pack_rank >= 0) {
-        /* every rank fails, none hangs */
-        if (s != CP_ERROR_MISMATCH)
-            world_fail(r, s == CP_SUCCESS ? CP_ERROR_INTERNAL : s, "cp_attn_forward_ex with different packs");
-        goto free_all;
-    }
-    if (world_fail(r, s, "cp_attn_forward_ex") != CP_SUCCESS)
-        goto free_all;
-    s = cp_attn_backward_ex(r->fx.plan, dev[BQ], dev[BK], dev[BV], dev[BO], dev[BLSE], dev[BDOUT], dev[BDQ],
-                            dev[BDK], dev[BDV], &x);
-    if (world_fail(r, s, "cp_attn_backward_ex") != CP_SUCCESS)
-        goto free_all;
-    for (int i = BO; i < NB; i++)
-        if (world_fail(r, devmem_get(ctx, host[i], dev[i], bytes[i]), "copy to the host") != CP_SUCCESS)
-            goto free_all;
-    if (!c->strided || r->rank % 2 == 0) {
-        pthread_mutex_lock(&u->lock);
-        unshard(c, o, pos, Sl, c->H, c->Dv, u->res.out);
-        unshard(c, dq, pos, Sl, c->H, c->D, u->res.dq);
-        unshard(c, dk, pos, Sl, c->Hkv, c->D, u->res.dk);
-        unshard(c, dv, pos, Sl, c->Hkv, c->Dv, u->res.dv);
-        for (int64_t b = 0; b < c->B; b++)
-            for (int h = 0; h < c->H; h++)
-                for (int64_t t = 0; t < Sl; t++)
-                    u->res.lse[((size_t)b * (size_t)c->H + (size_t)h) * (size_t)c->S + (size_t)pos[t]] =
-                        lse[((size_t)b * (size_t)c->H + (size_t)h) * (size_t)Sl + (size_t)t];
-        for (int h = 0; c->sinks && h < c->H; h++)
-            u->res.dsinks[h] += dsinks[h]; /* each rank's share of its queries */
-        pthread_mutex_unlock(&u->lock);
-    }
-free_all:
-    for (int i = 0; i < NB; i++)
-        devmem_free(ctx, dev[i], host[i]);
-    free(q);
-    free(k);
-    free(v);
-    free(dout);
-    free(o);
-    free(dq);
-    free(dk);
-    free(dv);
-    free(lse);
-out:
-    cp_pack_destroy(pk);
-    free(pos);
-}
-
-/* ---- errors --------------------------------------------------------- */
-
-enum { E_OUT, E_LSE, E_DQ, E_DK, E_DV, E_DSINK, NERR };
-static const char *err_names[NERR] = { "out", "lse", "dq", "dk", "dv", "dsinks" };
-
-static double rel_rms(const double *x, const double *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        num += (x[i] - ref[i]) * (x[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static void errors(const cfg *c, const data *ref, const data *got, double e[NERR])
-{
-    e[E_OUT] = rel_rms(got->out, ref->out, n_o(c));
-    e[E_LSE] = rel_rms(got->lse, ref->lse, n_l(c));
-    e[E_DQ] = rel_rms(got->dq, ref->dq, n_q(c));
-    e[E_DK] = rel_rms(got->dk, ref->dk, n_k(c));
-    e[E_DV] = rel_rms(got->dv, ref->dv, n_v(c));
-    /* against the terms' size: the sum cancels, and the outputs it is made
-     * of are rounded to the storage type, where CP moves a rounding by an
-     * ulp here and there */
-    double num = 0;
-    for (int h = 0; c->sinks && h < c->H; h++)
-        num += (got->dsinks[h] - ref->dsinks[h]) * (got->dsinks[h] - ref->dsinks[h]);
-    e[E_DSINK] = c->sinks && ref->dsinks_scale > 0 ? sqrt(num) / ref->dsinks_scale : 0;
-}
-
-static const char *dtype_name(cp_dtype t)
-{
-    return t == CP_DTYPE_F32 ? "F32" : t == CP_DTYPE_F16 ? "F16" : "BF16";
-}
-
-static const char *mode_name(cp_mode m)
-{
-    static const char *n[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
-    return n[m];
-}
-
-static void describe(const cfg *c, char *buf, size_t n)
-{
-    int w = snprintf(buf, n, "%s P=%d A=%d%s %s %s %s %s B=%lld S=%lld H=%d/%d D=%d/%d W=%lld cap=%g sinks=%d",
-                     mode_name(c->mode), c->P, c->A, c->strided ? " strided" : "",
-                     c->layout == CP_LAYOUT_PACKED ? "packed" : c->layout == CP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous",
-                     dtype_name(c->dtype), c->format ? "SBHD" : "BSHD", c->mask ? "causal" : "nomask",
-                     (long long)c->B, (long long)c->S, c->H, c->Hkv, c->D, c->Dv, (long long)c->window, c->softcap,
-                     c->sinks);
-    if (c->layout == CP_LAYOUT_PACKED && w > 0 && (size_t)w < n) {
-        w += snprintf(buf + w, n - (size_t)w, " balance=%d chunk=%lld docs=", (int)c->balance, (long long)c->chunk);
-        for (int i = 1; i <= c->ndocs && w > 0 && (size_t)w < n; i++)
-            w += snprintf(buf + w, n - (size_t)w, "%lld%s", (long long)(c->cu[i] - c->cu[i - 1]),
-                          i < c->ndocs ? "," : "");
-    }
-}
-
-static cp_status run_cfg(const cfg *c, const data *d, int bad_pack_rank, data *res, char *err, size_t errn)
-{
-    run u = { .c = c, .d = d, .bad_pack_rank = bad_pack_rank };
-    pthread_mutex_init(&u.lock, NULL);
-    results_alloc(c, &u.res);
-    world w;
-    cp_status s = world_run(&w, c->strided ? 2 * c->P : c->P, NULL, rank_main, &u);
-    if (s != CP_SUCCESS)
-        snprintf(err, errn, "%s", w.error);
-    pthread_mutex_destroy(&u.lock);
-    *res = u.res;
-    return s;
-}
-
-static double cp1_bound(cp_dtype t)
-{
-    return t == CP_DTYPE_BF16 ? 4 * 0x1.0p-8 : t == CP_DTYPE_F16 ? 4 * 0x1.0p-11 : 2e-5;
-}
-
-/* The CP=1 bound of tensor e: cp1_bound, or on the GPU test-gpu-kernels.c's
- * relative RMS bound where that is wider (forward F32 / F16 / BF16 1e-5 /
- * 2e-3 / 1.5e-2, backward 2e-5 / 6e-3 / 4e-2). */
-static double cp1_bound_of(cp_dtype t, int e)
-{
-    if (cprun_device == CP_DEVICE_CPU)
-        return cp1_bound(t);
-    const int bwd = e == E_DQ || e == E_DK || e == E_DV;
-    const double gpu = bwd ? (t == CP_DTYPE_F32 ? 2e-5 : t == CP_DTYPE_F16 ? 6e-3 : 4e-2)
-                           : (t == CP_DTYPE_F32 ? 1e-5 : t == CP_DTYPE_F16 ? 2e-3 : 1.5e-2);
-    return fmax(cp1_bound(t), gpu);
-}
-
-static double ratio_floor(cp_dtype t)
-{
-    return t == CP_DTYPE_F32 ? 1e-9 : 1e-6;
-}
-
-/* The largest CP=P / CP=1 error ratio seen per tensor (reported). */
-static double worst_ratio[NERR];
+/* ---- checks ----------------------------------------------------------- */
 
 /* Configurations with sinks that ran without them (CUDA contexts). */
 static int sinks_dropped;
 
 static void report_ratios(const char *what)
 {
+    const double *r = cpattn_worst_ratio;
     print_message("%s: worst CP=P / CP=1 error ratio: out %.3f lse %.3f dq %.3f dk %.3f dv %.3f dsinks %.3f\n", what,
-                  worst_ratio[0], worst_ratio[1], worst_ratio[2], worst_ratio[3], worst_ratio[4], worst_ratio[5]);
-    memset(worst_ratio, 0, sizeof worst_ratio);
+                  r[0], r[1], r[2], r[3], r[4], r[5]);
+    memset(cpattn_worst_ratio, 0, sizeof cpattn_worst_ratio);
     if (sinks_dropped)
         print_message("%s: %d configurations with sinks ran without them (sinks: CPU contexts only)\n", what,
                       sinks_dropped);
@@ -553,52 +201,13 @@ static int sinks_run_here(void)
     return known;
 }
 
-/* dsinks arrives as one float per rank (the API's partial gradient): P
- * roundings of 2^-24 instead of one; and it sums outputs rounded to the
- * storage type, whose last bits CP moves around (measured against the
- * terms' size, see errors()). */
-static double dsinks_floor(const cfg *c)
-{
-    const double u = c->dtype == CP_DTYPE_BF16 ? 0x1.0p-8 : c->dtype == CP_DTYPE_F16 ? 0x1.0p-11 : 0x1.0p-24;
-    return fmax(c->P * 0x1.0p-24, 0.05 * u);
-}
-
 /* CP=1 (one rank, no pack split) and CP=P on the same inputs. */
-static void check_cfg(const cfg *c, uint64_t seed)
+static void check_cfg(const cpattn_cfg *c, uint64_t seed)
 {
-    char what[700], err[WORLD_ERROR_MAX];
-    describe(c, what, sizeof what);
-    if (getenv("V11_TRACE"))
-        fprintf(stderr, "check %s\n", what);
-    data d;
+    cpattn_data d;
     make_data(c, seed, &d);
-    cfg one = *c;
-    one.P = 1;
-    one.A = 1;
-    one.strided = 0;
-    if (one.mode == CP_MODE_A2A_P2P)
-        one.mode = CP_MODE_P2P;
-    data r1, rP;
-    double e1[NERR], eP[NERR];
-    if (run_cfg(&one, &d, -1, &r1, err, sizeof err) != CP_SUCCESS)
-        fail_msg("CP=1 of %s: %s", what, err);
-    errors(c, &d, &r1, e1);
-    for (int i = 0; i < NERR; i++)
-        if (!(e1[i] <= cp1_bound_of(c->dtype, i)))
-            fail_msg("CP=1 of %s: %s error %.3g above %.3g", what, err_names[i], e1[i], cp1_bound_of(c->dtype, i));
-    if (run_cfg(c, &d, -1, &rP, err, sizeof err) != CP_SUCCESS)
-        fail_msg("%s: %s", what, err);
-    errors(c, &d, &rP, eP);
-    for (int i = 0; i < NERR; i++)
-        if (e1[i] > ratio_floor(c->dtype) && eP[i] / e1[i] > worst_ratio[i])
-            worst_ratio[i] = eP[i] / e1[i];
-    for (int i = 0; i < NERR; i++)
-        if (!(eP[i] <= 1.25 * e1[i] + (i == E_DSINK ? dsinks_floor(c) : ratio_floor(c->dtype))))
-            fail_msg("%s: %s error %.4g at CP=P vs %.4g at CP=1 (ratio %.3f > 1.25)", what, err_names[i], eP[i],
-                     e1[i], eP[i] / e1[i]);
-    results_free(&r1);
-    results_free(&rP);
-    data_free(&d);
+    cpattn_check(c, &d);
+    cpattn_data_free(&d);
 }
 
 /* Whether INFINICP_TEST_DTYPES (see the top of the file) lets
@@ -625,12 +234,12 @@ static int dtype_wanted(cp_dtype t)
 
 /* check_cfg, on a device that does not run sinks without them; returns
  * whether it ran (INFINICP_TEST_DTYPES). */
-static int check(const cfg *c, uint64_t seed)
+static int check(const cpattn_cfg *c, uint64_t seed)
 {
     if (!dtype_wanted(c->dtype))
         return 0;
     if (c->sinks && !sinks_run_here()) {
-        cfg without = *c;
+        cpattn_cfg without = *c;
         without.sinks = 0;
         sinks_dropped++;
         check_cfg(&without, seed);
@@ -689,7 +298,7 @@ static int64_t random_window(uint64_t *s, int64_t T, int P)
 }
 
 /* The hybrid's factorisations, a2a's head split, and what the heads allow. */
-static int mode_ok(const cfg *c)
+static int mode_ok(const cpattn_cfg *c)
 {
     const int split = c->mode == CP_MODE_A2A ? c->P : c->mode == CP_MODE_A2A_P2P ? c->A : 1;
     return c->H % split == 0 && (c->Hkv % split == 0 || split % c->Hkv == 0);
@@ -705,8 +314,8 @@ static void test_packed(void **state)
     for (int mode = 0; mode < 4; mode++)
         for (int si = 0; si < 4; si++)
             for (int rep = 0; rep < (quick() ? 1 : 12); rep++) {
-                cfg c = { .mode = (cp_mode)mode, .layout = CP_LAYOUT_PACKED, .P = sizes[si], .B = 1, .S = 96,
-                          .H = 8, .D = 16 };
+                cpattn_cfg c = { .mode = (cp_mode)mode, .layout = CP_LAYOUT_PACKED, .P = sizes[si], .B = 1,
+                                 .S = 96, .H = 8, .D = 16 };
                 c.dtype = dtypes[(mode + si + rep) % 3];
                 c.mask = rep % 3 == 2 ? CP_MASK_NONE : CP_MASK_CAUSAL;
                 c.Hkv = rng_next(&s) % 2 ? 2 : 8;
@@ -743,9 +352,10 @@ static void test_doc_zigzag(void **state)
     (void)state;
     uint64_t s = 0x2222;
     for (int mode = 0; mode < 4; mode++) {
-        cfg c = { .mode = (cp_mode)mode, .layout = CP_LAYOUT_PACKED, .dtype = CP_DTYPE_F32, .mask = CP_MASK_CAUSAL,
-                  .P = 4, .A = mode == CP_MODE_A2A_P2P ? 2 : 1, .B = 1, .S = 96, .H = 4, .Hkv = 2, .D = 16, .Dv = 16,
-                  .balance = CP_BALANCE_DOC_ZIGZAG, .ndocs = 3, .cu = { 0, 16, 64, 96 } };
+        cpattn_cfg c = { .mode = (cp_mode)mode, .layout = CP_LAYOUT_PACKED, .dtype = CP_DTYPE_F32,
+                         .mask = CP_MASK_CAUSAL, .P = 4, .A = mode == CP_MODE_A2A_P2P ? 2 : 1, .B = 1, .S = 96,
+                         .H = 4, .Hkv = 2, .D = 16, .Dv = 16, .balance = CP_BALANCE_DOC_ZIGZAG, .ndocs = 3,
+                         .cu = { 0, 16, 64, 96 } };
         c.window = mode == 1 ? 5 : 0;
         check(&c, rng_next(&s));
     }
@@ -761,8 +371,8 @@ static void test_dense(void **state)
     for (int mode = 0; mode < 4; mode++)
         for (int layout = 0; layout < 2; layout++)
             for (int rep = 0; rep < (quick() ? 1 : 6); rep++) {
-                cfg c = { .mode = (cp_mode)mode, .layout = (cp_layout)layout, .B = 2, .S = 48, .H = 4, .D = 16,
-                          .ndocs = 1 };
+                cpattn_cfg c = { .mode = (cp_mode)mode, .layout = (cp_layout)layout, .B = 2, .S = 48, .H = 4,
+                                 .D = 16, .ndocs = 1 };
                 c.P = rep % 3 == 0 ? 2 : rep % 3 == 1 ? 4 : 3;
                 c.A = c.mode == CP_MODE_A2A_P2P && c.P % 2 == 0 ? 2 : 1;
                 c.dtype = dtypes[(mode + layout + rep) % 3];
@@ -788,8 +398,8 @@ static void test_large_p(void **state)
     if (quick())
         skip();
     uint64_t s = 0x4444;
-    cfg c = { .mode = CP_MODE_P2P, .layout = CP_LAYOUT_PACKED, .dtype = CP_DTYPE_F32, .mask = CP_MASK_CAUSAL,
-              .P = 16, .A = 1, .B = 1, .S = 128, .H = 2, .Hkv = 1, .D = 8, .Dv = 8, .window = 20 };
+    cpattn_cfg c = { .mode = CP_MODE_P2P, .layout = CP_LAYOUT_PACKED, .dtype = CP_DTYPE_F32, .mask = CP_MASK_CAUSAL,
+                     .P = 16, .A = 1, .B = 1, .S = 128, .H = 2, .Hkv = 1, .D = 8, .Dv = 8, .window = 20 };
     c.ndocs = random_docs(&s, c.S, 8, c.cu, 20);
     check(&c, rng_next(&s));
     c.mode = CP_MODE_A2A_P2P;
@@ -831,13 +441,13 @@ static void test_sinks_on_a_device(void **state)
     static const fixture_device fake = { open_pretend, close_pretend, NULL };
     uint64_t s = 0x5555;
     int runs = 0;
-    pretend = &fake;
     for (int mode = 0; mode < 4; mode++)
         for (int layout = 0; layout < 3; layout++) {
-            cfg c = { .mode = (cp_mode)mode, .layout = (cp_layout)layout, .dtype = layout == 1 ? CP_DTYPE_BF16
-                                                                                               : CP_DTYPE_F32,
-                      .format = CP_FORMAT_BSHD, .mask = CP_MASK_CAUSAL, .P = 4, .B = 1, .S = 64, .H = 4,
-                      .Hkv = mode == CP_MODE_A2A ? 4 : 2, .D = 16, .Dv = 16, .sinks = 1, .ndocs = 1 };
+            cpattn_cfg c = { .mode = (cp_mode)mode, .layout = (cp_layout)layout,
+                             .dtype = layout == 1 ? CP_DTYPE_BF16 : CP_DTYPE_F32, .format = CP_FORMAT_BSHD,
+                             .mask = CP_MASK_CAUSAL, .P = 4, .B = 1, .S = 64, .H = 4,
+                             .Hkv = mode == CP_MODE_A2A ? 4 : 2, .D = 16, .Dv = 16, .sinks = 1, .ndocs = 1,
+                             .device = &fake };
             c.A = c.mode == CP_MODE_A2A_P2P ? 2 : 1;
             if (c.layout == CP_LAYOUT_PACKED)
                 c.ndocs = random_docs(&s, c.S, 4, c.cu, 8);
@@ -847,7 +457,6 @@ static void test_sinks_on_a_device(void **state)
             check_cfg(&c, rng_next(&s));
             runs++;
         }
-    pretend = NULL;
     print_message("sinks on the pretend device: %d configurations at CP=1 and CP=P\n", runs);
 }
 
@@ -863,18 +472,19 @@ static void test_pack_mismatch(void **state)
         skip();
     }
     for (int mode = 0; mode < 4; mode++) {
-        cfg c = { .mode = (cp_mode)mode, .layout = CP_LAYOUT_PACKED, .dtype = CP_DTYPE_F32, .mask = CP_MASK_CAUSAL,
-                  .P = 4, .A = mode == CP_MODE_A2A_P2P ? 2 : 1, .B = 1, .S = 32, .H = 4, .Hkv = 4, .D = 8, .Dv = 8,
-                  .ndocs = 3, .cu = { 0, 10, 20, 32 }, .balance = CP_BALANCE_CONTIGUOUS };
-        data d;
+        cpattn_cfg c = { .mode = (cp_mode)mode, .layout = CP_LAYOUT_PACKED, .dtype = CP_DTYPE_F32,
+                         .mask = CP_MASK_CAUSAL, .P = 4, .A = mode == CP_MODE_A2A_P2P ? 2 : 1, .B = 1, .S = 32,
+                         .H = 4, .Hkv = 4, .D = 8, .Dv = 8, .ndocs = 3, .cu = { 0, 10, 20, 32 },
+                         .balance = CP_BALANCE_CONTIGUOUS };
+        cpattn_data d;
         make_data(&c, 7, &d);
-        data r;
+        cpattn_data r;
         char err[WORLD_ERROR_MAX];
-        cp_status s = run_cfg(&c, &d, 2, &r, err, sizeof err);
+        cp_status s = cpattn_run(&c, &d, 2, &r, err, sizeof err);
         if (s != CP_SUCCESS)
-            fail_msg("%s with different packs: %s", mode_name(c.mode), err);
-        results_free(&r);
-        data_free(&d);
+            fail_msg("%s with different packs: %s", cpattn_mode_name(c.mode), err);
+        cpattn_results_free(&r);
+        cpattn_data_free(&d);
     }
 }
 

@@ -17,8 +17,9 @@
  *    reach exactly the outputs the model says.
  *  - The plan: every mode and layout (packed too), windows, softcaps and
  *    sinks, at CP=1 and CP=2 / 4 on the same inputs: the error against the
- *    FP64 model at CP=P stays within 1.25x of CP=1's (CP adds no error); a
- *    ring hop of an FP8 plan carries half the bytes of a BF16 one.
+ *    FP64 model at CP=P stays within 1.25x of CP=1's (CP adds no error; the
+ *    runs and the comparison are cpattn.c's, shared with test-attn-v11.c);
+ *    a ring hop of an FP8 plan carries half the bytes of a BF16 one.
  *  - Bad input: an FP8 plan's backward (a rank that calls it still takes
  *    part in the call), FP8 or F16 outputs of an FP8 kernel call, descales
  *    with other dtypes, a backend whose kernel arguments end before the
@@ -30,7 +31,6 @@
  * time of an FP8 forward next to a BF16 one of the same shape.
  */
 #include <math.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -46,9 +46,9 @@
 
 #include "attn_model.h"
 #include "core/context.h"
-#include "cpuctx.h"
 #include "core/fp8.h"
-#include "cpref.h"
+#include "cpattn.h"
+#include "cpuctx.h"
 #include "faulty.h"
 #include "storage.h"
 #include "testutil.h"
@@ -1016,240 +1016,41 @@ static void test_refused_backward_takes_part(void **state)
         fail_msg("the ranks took %.1f s: rank 1 waited for a timeout", t);
 }
 
-/* A CP configuration: FP8 forward only. */
-typedef struct pcfg {
-    cp_mode mode;
-    cp_layout layout;
-    cp_format format;
-    cp_mask mask;
-    int P, A;
-    int64_t B, S;
-    int H, Hkv, D, Dv;
-    int64_t window;
-    double softcap;
-    int sinks, per_head;
-    int ndocs;
-    int64_t cu[16];
-} pcfg;
-
-typedef struct pdata {
-    double *q, *k, *v;      /* FP8 values [B][S][H][D] */
-    float qd[8], kd[8], vd[8], sinks[8];
-    double *out, *lse;      /* the model's, or a run's */
-} pdata;
-
-static size_t p_q(const pcfg *c) { return (size_t)(c->B * c->S * c->H * c->D); }
-static size_t p_k(const pcfg *c) { return (size_t)(c->B * c->S * c->Hkv * c->D); }
-static size_t p_v(const pcfg *c) { return (size_t)(c->B * c->S * c->Hkv * c->Dv); }
-static size_t p_o(const pcfg *c) { return (size_t)(c->B * c->S * c->H * c->Dv); }
-static size_t p_l(const pcfg *c) { return (size_t)(c->B * c->H * c->S); }
-
-static void pdata_make(const pcfg *c, uint64_t seed, pdata *d)
+/* A CP configuration's FP8 inputs: values of the format (q, k in [-8, 8], v
+ * in [-200, 200]), descales and sinks per head (a configuration without
+ * per-head descales takes the first of each), and the model's forward on
+ * the values times their descales. */
+static void cp_data_make(const cpattn_cfg *c, uint64_t seed, cpattn_data *d)
 {
     memset(d, 0, sizeof *d);
     ref_rng r = { seed * 0x9E3779B97F4A7C15ULL + 3 };
-    d->q = fp8_values(&r, p_q(c), 8.0);
-    d->k = fp8_values(&r, p_k(c), 8.0);
-    d->v = fp8_values(&r, p_v(c), 200.0);
-    for (int h = 0; h < 8; h++) {
+    d->q = fp8_values(&r, cpattn_nq(c), 8.0);
+    d->k = fp8_values(&r, cpattn_nk(c), 8.0);
+    d->v = fp8_values(&r, cpattn_nv(c), 200.0);
+    d->sinks = calloc((size_t)c->H, sizeof *d->sinks);
+    assert_non_null(d->sinks);
+    for (int h = 0; h < c->H; h++) {
         d->qd[h] = (float)ref_rng_uniform(&r, 0.03, 0.3);
         d->kd[h] = (float)ref_rng_uniform(&r, 0.05, 0.5);
         d->vd[h] = (float)ref_rng_uniform(&r, 1e-3, 1e-2);
         d->sinks[h] = (float)ref_rng_uniform(&r, -1.5, 1.5);
     }
-    d->out = calloc(p_o(c), sizeof *d->out);
-    d->lse = calloc(p_l(c), sizeof *d->lse);
-    assert_true(d->out && d->lse);
+    cpattn_results_alloc(c, d);
     double *q = descaled(d->q, c->B, c->S, c->H, c->D, d->qd, c->per_head);
     double *k = descaled(d->k, c->B, c->S, c->Hkv, c->D, d->kd, c->per_head);
     double *v = descaled(d->v, c->B, c->S, c->Hkv, c->Dv, d->vd, c->per_head);
-    double sinks[8];
-    for (int h = 0; h < 8; h++)
-        sinks[h] = d->sinks[h];
     const model_shape m = { .batch = c->B, .seq_q = c->S, .seq_k = c->S, .heads = c->H, .kv_heads = c->Hkv,
                             .head_dim = c->D, .head_dim_v = c->Dv, .causal = c->mask == CP_MASK_CAUSAL,
                             .scale = 1.0 / sqrt((double)c->D) };
     const model_ext x = { .window = c->window, .softcap = c->softcap,
                           .cu = c->layout == CP_LAYOUT_PACKED ? c->cu : NULL, .ndocs = c->ndocs,
-                          .sinks = c->sinks ? sinks : NULL };
+                          .sinks = c->sinks ? d->sinks : NULL };
     model_forward_ex(&m, &x, q, k, v, d->out, d->lse);
     free(q), free(k), free(v);
 }
 
-static void pdata_free(pdata *d)
-{
-    free(d->q), free(d->k), free(d->v), free(d->out), free(d->lse);
-}
-
-typedef struct prun {
-    const pcfg *c;
-    const pdata *d;
-    double *out, *lse; /* gathered */
-    pthread_mutex_t lock;
-} prun;
-
-static size_t local_at(const pcfg *c, int64_t Sl, int heads, int dim, int64_t b, int64_t t, int h, int e)
-{
-    if (c->format == CP_FORMAT_SBHD)
-        return (size_t)(((t * c->B + b) * heads + h) * dim + e);
-    return (size_t)(((b * Sl + t) * heads + h) * dim + e);
-}
-
-static size_t global_at(const pcfg *c, int heads, int dim, int64_t b, int64_t p, int h, int e)
-{
-    return (size_t)(((b * c->S + p) * heads + h) * dim + e);
-}
-
-/* Rank's tokens of a global FP8 tensor, in its local order and format. */
-static uint8_t *shard(const pcfg *c, const double *g, const int64_t *pos, int64_t Sl, int heads, int dim)
-{
-    const size_t n = (size_t)(c->B * Sl * heads * dim);
-    double *tmp = malloc(sizeof *tmp * (n ? n : 1));
-    uint8_t *out = malloc(n ? n : 1);
-    if (!tmp || !out) {
-        free(tmp);
-        free(out);
-        return NULL;
-    }
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t t = 0; t < Sl; t++)
-            for (int h = 0; h < heads; h++)
-                for (int e = 0; e < dim; e++)
-                    tmp[local_at(c, Sl, heads, dim, b, t, h, e)] = g[global_at(c, heads, dim, b, pos[t], h, e)];
-    cpref_store(out, FP8, tmp, n);
-    free(tmp);
-    return out;
-}
-
-static void prun_rank(world_rank *r, void *arg)
-{
-    prun *u = arg;
-    const pcfg *c = u->c;
-    const pdata *d = u->d;
-    cp_attn_desc desc = CP_ATTN_DESC_INIT;
-    desc.dtype = FP8, desc.format = c->format, desc.batch = c->B, desc.seq_len = c->S;
-    desc.num_heads = c->H, desc.num_kv_heads = c->Hkv, desc.head_dim = c->D, desc.head_dim_v = c->Dv;
-    desc.mask = c->mask, desc.layout = c->layout, desc.mode = c->mode;
-    desc.window = c->window, desc.softcap = c->softcap, desc.sinks = c->sinks;
-    cp_context_config cc = CP_CONTEXT_CONFIG_INIT;
-    cc.num_threads = 1;
-    cp_group_config gc = CP_GROUP_CONFIG_INIT;
-    gc.a2a_size = c->mode == CP_MODE_A2A_P2P ? c->A : 1;
-    gc.timeout_ms = 60000;
-    const fixture_cfg fc = { .context = &cc, .group = &gc, .desc = &desc };
-    if (fixture_open(r, &fc) != CP_SUCCESS)
-        return;
-    const int rank = r->fx.rank;
-    const int64_t Sl = c->S / c->P;
-    int64_t *pos = calloc((size_t)Sl, sizeof *pos);
-    cp_pack *pk = NULL;
-    uint8_t *q = NULL, *k = NULL, *v = NULL;
-    uint16_t *o = calloc(p_o(c) / (size_t)c->P, sizeof *o);
-    float *lse = calloc(p_l(c) / (size_t)c->P, sizeof *lse);
-    cp_status s = pos && o && lse ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY;
-    if (s == CP_SUCCESS && c->layout == CP_LAYOUT_PACKED) {
-        cp_pack_config pc = CP_PACK_CONFIG_INIT;
-        pc.cp_size = c->P, pc.cu_seqlens = c->cu, pc.num_seqs = c->ndocs, pc.mask = c->mask, pc.window = c->window;
-        s = cp_pack_create(&pc, &pk);
-        if (s == CP_SUCCESS)
-            s = cp_pack_positions(pk, rank, pos, NULL, NULL);
-    } else if (s == CP_SUCCESS) {
-        s = cp_layout_positions(c->layout, c->P, rank, c->S, pos);
-    }
-    if (world_fail(r, s, "positions") != CP_SUCCESS)
-        goto out;
-    q = shard(c, d->q, pos, Sl, c->H, c->D), k = shard(c, d->k, pos, Sl, c->Hkv, c->D);
-    v = shard(c, d->v, pos, Sl, c->Hkv, c->Dv);
-    if (world_fail(r, q && k && v ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY, "shard") != CP_SUCCESS)
-        goto out;
-    cp_attn_args x = CP_ATTN_ARGS_INIT;
-    x.pack = pk;
-    x.sinks = c->sinks ? d->sinks : NULL;
-    x.q_descale = d->qd, x.k_descale = d->kd, x.v_descale = d->vd;
-    x.descale_per_head = c->per_head;
-    if (world_fail(r, cp_attn_forward_ex(r->fx.plan, q, k, v, o, lse, &x), "cp_attn_forward_ex") != CP_SUCCESS)
-        goto out;
-    pthread_mutex_lock(&u->lock);
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t t = 0; t < Sl; t++)
-            for (int h = 0; h < c->H; h++) {
-                for (int e = 0; e < c->Dv; e++)
-                    u->out[global_at(c, c->H, c->Dv, b, pos[t], h, e)] =
-                        ref_load(o, CP_DTYPE_BF16, local_at(c, Sl, c->H, c->Dv, b, t, h, e));
-                u->lse[((size_t)b * (size_t)c->H + (size_t)h) * (size_t)c->S + (size_t)pos[t]] =
-                    lse[((size_t)b * (size_t)c->H + (size_t)h) * (size_t)Sl + (size_t)t];
-            }
-    pthread_mutex_unlock(&u->lock);
-out:
-    cp_pack_destroy(pk);
-    free(pos), free(q), free(k), free(v), free(o), free(lse);
-}
-
-static void prun_world(const pcfg *c, const pdata *d, double **out, double **lse, const char *what)
-{
-    prun u = { .c = c, .d = d, .out = calloc(p_o(c), sizeof(double)), .lse = calloc(p_l(c), sizeof(double)) };
-    assert_true(u.out && u.lse);
-    pthread_mutex_init(&u.lock, NULL);
-    world w;
-    cp_status s = world_run(&w, c->P, NULL, prun_rank, &u);
-    pthread_mutex_destroy(&u.lock);
-    if (s != CP_SUCCESS)
-        fail_msg("%s: %s", what, w.error);
-    *out = u.out;
-    *lse = u.lse;
-}
-
-static double rel_rms(const double *x, const double *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isinf(ref[i]) && x[i] == ref[i])
-            continue;
-        num += (x[i] - ref[i]) * (x[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double worst_ratio[2];
-
-/* CP=1 then CP=P on the same inputs: CP adds no error. */
-static void check_pcfg(const pcfg *c, uint64_t seed)
-{
-    static const char *modes[] = { "all_gather", "p2p", "a2a", "a2a_p2p" };
-    static const char *layouts[] = { "contiguous", "zigzag", "packed" };
-    char what[256];
-    snprintf(what, sizeof what, "%s P=%d A=%d %s %s %s H=%d/%d W=%lld cap=%g sinks=%d %s", modes[c->mode], c->P,
-             c->A, layouts[c->layout], c->format ? "SBHD" : "BSHD", c->mask ? "causal" : "nomask", c->H, c->Hkv,
-             (long long)c->window, c->softcap, c->sinks, c->per_head ? "per head" : "per tensor");
-    pdata d;
-    pdata_make(c, seed, &d);
-    pcfg one = *c;
-    one.P = 1, one.A = 1;
-    if (one.mode == CP_MODE_A2A_P2P)
-        one.mode = CP_MODE_P2P;
-    double *o1, *l1, *oP, *lP;
-    prun_world(&one, &d, &o1, &l1, what);
-    prun_world(c, &d, &oP, &lP, what);
-    const double e1[2] = { rel_rms(o1, d.out, p_o(c)), rel_rms(l1, d.lse, p_l(c)) };
-    const double eP[2] = { rel_rms(oP, d.out, p_o(c)), rel_rms(lP, d.lse, p_l(c)) };
-    static const double bound[2] = { 4 * 0x1p-8, 2e-5 }, floor_[2] = { 1e-6, 1e-9 };
-    static const char *names[2] = { "out", "lse" };
-    for (int i = 0; i < 2; i++) {
-        if (!(e1[i] <= bound[i]))
-            fail_msg("CP=1 of %s: %s error %.3g above %.3g", what, names[i], e1[i], bound[i]);
-        if (e1[i] > floor_[i] && eP[i] / e1[i] > worst_ratio[i])
-            worst_ratio[i] = eP[i] / e1[i];
-        if (!(eP[i] <= 1.25 * e1[i] + floor_[i]))
-            fail_msg("%s: %s error %.4g at CP=P vs %.4g at CP=1 (ratio %.3f > 1.25)", what, names[i], eP[i], e1[i],
-                     eP[i] / e1[i]);
-    }
-    if (getenv("TEST_VERBOSE"))
-        print_message("%s: out %.3g / %.3g, lse %.3g / %.3g\n", what, e1[0], eP[0], e1[1], eP[1]);
-    free(o1), free(l1), free(oP), free(lP);
-    pdata_free(&d);
-}
-
+/* Every mode and layout at CP=1 and CP=P on the same inputs (cpattn.c):
+ * CP adds no error. */
 static void test_cp_modes_and_layouts(void **state)
 {
     (void)state;
@@ -1261,8 +1062,8 @@ static void test_cp_modes_and_layouts(void **state)
             for (int si = 0; si < 2; si++) {
                 if (quick() && si == 0)
                     continue;
-                pcfg c = { .mode = (cp_mode)mode, .layout = (cp_layout)layout, .P = sizes[si], .S = 64, .H = 8,
-                           .D = 16, .ndocs = 1 };
+                cpattn_cfg c = { .mode = (cp_mode)mode, .layout = (cp_layout)layout, .dtype = FP8, .P = sizes[si],
+                                 .S = 64, .H = 8, .D = 16, .ndocs = 1 };
                 c.B = layout == CP_LAYOUT_PACKED ? 1 : 2;
                 c.A = mode == CP_MODE_A2A_P2P ? 2 : 1;
                 c.format = layout != CP_LAYOUT_PACKED && ref_rng_int(&r, 0, 1) ? CP_FORMAT_SBHD : CP_FORMAT_BSHD;
@@ -1279,11 +1080,14 @@ static void test_cp_modes_and_layouts(void **state)
                     c.ndocs = which ? 3 : 4;
                     memcpy(c.cu, docs[which], sizeof docs[which]);
                 }
-                check_pcfg(&c, (uint64_t)ref_rng_next(&r));
+                cpattn_data d;
+                cp_data_make(&c, (uint64_t)ref_rng_next(&r), &d);
+                cpattn_check(&c, &d);
+                cpattn_data_free(&d);
                 runs++;
             }
     print_message("%d FP8 configurations at CP=1 and CP=P; worst CP=P / CP=1 error ratio: out %.3f, lse %.3f\n", runs,
-                  worst_ratio[0], worst_ratio[1]);
+                  cpattn_worst_ratio[CPATTN_OUT], cpattn_worst_ratio[CPATTN_LSE]);
 }
 
 /* What a ring hop of an FP8 plan carries: q, k, v travel in one byte per
