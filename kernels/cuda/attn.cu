@@ -22,10 +22,12 @@
 // mma.sync also on Hopper), =wgmma the Hopper kernels where they fit; the
 // other variables that pick a kernel variant are listed in knobs.cuh.
 //
-// Workspace: forward on the fused paths needs none; backward needs one float
-// per query row (rowsum(dO * O)); the cuBLAS path adds its chunk buffers, the
-// mma backward with atomics (not deterministic) its fp32 dQ sums unless the
-// grads are F32.
+// Workspace: the tensor-core forward needs the non-finite guard's
+// (nonfinite.cu: a flag, a bit per key row and a copy of v; used only by
+// calls with hidden pairs in a tile, sized for every call); the SIMT forward
+// none. The backward needs one float per query row (rowsum(dO * O)); the
+// cuBLAS path adds its chunk buffers, the mma backward with atomics (not
+// deterministic) its fp32 dQ sums unless the grads are F32.
 #include <cinttypes>
 #include <cmath>
 
@@ -210,9 +212,25 @@ size_t drow_bytes(const attn_params &p)
     return round_up((size_t)p.B * (size_t)p.H * (size_t)p.Sq * sizeof(float));
 }
 
+// The tensor-core forward of F16 / BF16 runs the non-finite guard (nonfinite.cu).
+bool guarded(const state *s, const attn_params &p, int backward, attn_path path)
+{
+    return s->knob.nf_guard && !backward && path == PATH_MMA && (p.dt == CP_DTYPE_F16 || p.dt == CP_DTYPE_BF16);
+}
+
+// Whether this call has hidden pairs inside a tile (only those leak): the
+// workspace is sized without knowing, since a plan asks for its largest block
+// without the rectangle list of each call.
+bool hides_pairs(const attn_params &p)
+{
+    return p.causal || p.rects;
+}
+
 cp_status workspace_for(const state *s, const attn_params &p, int backward, attn_path path, size_t *bytes)
 {
     size_t n = backward ? drow_bytes(p) : 0;
+    if (guarded(s, p, backward, path))
+        n += nf_forward_workspace(p);
     if (path == PATH_BLAS)
         n += blas_workspace(p, backward);
     if (path == PATH_MMA && backward)
@@ -303,18 +321,30 @@ cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
     attn_path path = choose(s, p, 0);
     if (path == PATH_AUTO)
         return unsupported(p, func);
-    if (path == PATH_MMA && p.rects)
-        return use_wgmma(s, p) ? wgmma_forward(s, p) : mma_rect_forward(s, p);
-    if (path == PATH_MMA)
-        return use_wgmma(s, p) ? wgmma_forward(s, p) : mma_forward(s, p);
     if (path == PATH_SIMT)
         return simt_forward(s, p);
     size_t need;
     workspace_for(s, p, 0, path, &need);
+    if (path == PATH_MMA && !hides_pairs(p))
+        need = 0; // every pair of every tile is visible: no guard
     scratch w;
     if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
         return r;
-    return release(s, &w, blas_forward(s, p, w.base));
+    if (path == PATH_BLAS)
+        return release(s, &w, blas_forward(s, p, w.base));
+    // the tensor-core kernels, with the guard where a tile may hide pairs;
+    // the rectangle launchers run it themselves around their kernel (it reads
+    // the list they upload)
+    if (guarded(s, p, 0, path) && hides_pairs(p))
+        p.nf_ws = w.base;
+    if (p.rects) {
+        r = use_wgmma(s, p) ? wgmma_forward(s, p) : mma_rect_forward(s, p);
+    } else if ((r = nf_forward_begin(s, &p)) == CP_SUCCESS) {
+        r = use_wgmma(s, p) ? wgmma_forward(s, p) : mma_forward(s, p);
+        if (r == CP_SUCCESS)
+            r = nf_forward_end(s, p);
+    }
+    return release(s, &w, r);
 }
 
 cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(128) fwd_mma_kernel(attn_params p)
         const int64_t k0 = (int64_t)n * BK;
         cp_async_wait_all();
         __syncthreads(); // K tile n is in; every warp is done with V tile n-1
-        load_tile<T, BK, DP>(Vs, p.v, b, k0, p.Sk, hk, p.Dv, p.vec);
+        load_tile<T, BK, DP>(Vs, v_of(p), b, k0, p.Sk, hk, p.Dv, p.vec);
         cp_async_commit();
 
         float s[MT][BK / 8][4];

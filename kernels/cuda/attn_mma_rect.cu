@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(128) fwd_rect_kernel(attn_params p)
         const band r = p.rs.bands[p.rs.by_q.ids[bi]];
         cp_async_wait_all();
         __syncthreads(); // K tile is in; every warp is done with the previous V tile
-        load_tile<T, BK, DP>(Vs, p.v, b, k0, r.k1, hk, p.Dv, p.vec);
+        load_tile<T, BK, DP>(Vs, v_of(p), b, k0, r.k1, hk, p.Dv, p.vec);
         cp_async_commit();
 
         float s[MT][BK / 8][4];
@@ -429,12 +429,16 @@ cp_status launch_fwd_rect(state *s, const attn_params &p0)
         return r;
     const int bytes = fwd_smem(DP, MT);
     auto kernel = fwd_rect_kernel<T, DP, MT>;
-    r = allow_smem((const void *)kernel, bytes, "attention forward (mma, rectangles)");
+    r = nf_forward_begin(s, &p); // the guard, after the list is up
+    if (r == CP_SUCCESS)
+        r = allow_smem((const void *)kernel, bytes, "attention forward (mma, rectangles)");
     if (r == CP_SUCCESS) {
         dim3 grid((unsigned)((int64_t)p.rs.by_q.ntiles * p.H), 1, (unsigned)p.B);
         kernel<<<grid, 128, bytes, s->stream>>>(p);
         r = check_launch("attention forward (mma, rectangles)");
     }
+    if (r == CP_SUCCESS)
+        r = nf_forward_end(s, p); // the guard's patch reads the list too
     return rect_release(s, buf, r);
 }
 

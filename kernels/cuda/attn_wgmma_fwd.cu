@@ -75,8 +75,9 @@ constexpr int wgmma_ws_smem(int DP)
     return wgmma_smem(DP) + 8 * (2 + 2 * WG_KSTAGES + 2 * WG_VSTAGES) + 3 * 16;
 }
 
-// Tensor maps of q, k and v (in this order) for the loader.
-using wg_maps = wg::tmaps<3>;
+// Tensor maps of q, k, v and v's copy without non-finite values (the
+// non-finite guard's, or v again without one), in this order, for the loader.
+using wg_maps = wg::tmaps<4>;
 
 #ifdef CP_WGMMA_BODY
 
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
     if (ntiles > 0) {
         wg::load_sw<T, BQ, DP, WG_THREADS>(Qs, p.q, b, i0, p.Sq, h, p.D);
         wg::load_sw<T, BK, DP, WG_THREADS>(Ks, p.k, b, 0, p.Sk, hk, p.D);
-        wg::load_sw<T, BK, DP, WG_THREADS>(Vs, p.v, b, 0, p.Sk, hk, p.Dv);
+        wg::load_sw<T, BK, DP, WG_THREADS>(Vs, v_of(p), b, 0, p.Sk, hk, p.Dv);
         cp_async_commit();
     }
 
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
         __syncthreads();     // K, V tile n are in; both warpgroups are done with K n-1 and V n-2
         if (n + 1 < ntiles) {
             wg::load_sw<T, BK, DP, WG_THREADS>(Ks + ((n + 1) % WG_KSTAGES) * KB, p.k, b, k0 + BK, p.Sk, hk, p.D);
-            wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, p.v, b, k0 + BK, p.Sk, hk, p.Dv);
+            wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, v_of(p), b, k0 + BK, p.Sk, hk, p.Dv);
             cp_async_commit();
         }
         issue_s<T, DP>(s, o, pa, qa, Ks + (n % WG_KSTAGES) * KB);
@@ -266,7 +267,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_para
         band_rows_keys(r, i0, nq, &ck0, &ckhi);
         wg::load_sw<T, BQ, DP, WG_THREADS>(Qs, p.q, b, i0, p.Sq, h, p.D);
         wg::load_sw<T, BK, DP, WG_THREADS>(Ks, p.k, b, ck0, r.k1, hk, p.D);
-        wg::load_sw<T, BK, DP, WG_THREADS>(Vs, p.v, b, ck0, r.k1, hk, p.Dv);
+        wg::load_sw<T, BK, DP, WG_THREADS>(Vs, v_of(p), b, ck0, r.k1, hk, p.Dv);
         cp_async_commit();
     }
     int lbi = cbi;
@@ -287,7 +288,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_para
         if (lbi < be) {
             const int64_t kend = p.rs.bands[p.rs.by_q.ids[lbi]].k1;
             wg::load_sw<T, BK, DP, WG_THREADS>(Ks + ((n + 1) % WG_KSTAGES) * KB, p.k, b, lk0, kend, hk, p.D);
-            wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, p.v, b, lk0, kend, hk, p.Dv);
+            wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, v_of(p), b, lk0, kend, hk, p.Dv);
             cp_async_commit();
         }
         issue_s<T, DP>(s, o, pa, qa, Ks + (n % WG_KSTAGES) * KB);
@@ -398,7 +399,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
                     if (g >= VST)
                         mbar_wait(vempty + 8 * vs, ((g / VST) + 1) & 1);
                     mbar_expect_tx(vfull + 8 * vs, KB);
-                    tma_tile<BK, DP>(Vs + vs * KB, mp, 2, vfull + 8 * vs, n * BK, w.hk, (int)w.b);
+                    tma_tile<BK, DP>(Vs + vs * KB, mp, p.vflag && *p.vflag ? 3 : 2, vfull + 8 * vs, n * BK, w.hk, (int)w.b);
                 }
             }
         }
@@ -496,7 +497,8 @@ cp_status launch(state *s, const attn_params &p)
         (int64_t)grid.x * grid.y * grid.z + s->sm_count <= INT32_MAX &&
         wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
         wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
-        wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
+        wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK) &&
+        wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
         constexpr int bytes = wgmma_ws_smem(DP);
         auto kernel = p.c > 0 ? fwd_wgmma_ws_kernel<T, DP, true> : fwd_wgmma_ws_kernel<T, DP, false>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
@@ -530,12 +532,16 @@ cp_status launch_rect(state *s, const attn_params &p0)
         return r;
     constexpr int bytes = wgmma_smem(DP);
     auto kernel = fwd_wgmma_rect_kernel<T, DP>;
-    r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, rectangles)");
+    r = nf_forward_begin(s, &p); // the guard, after the list is up
+    if (r == CP_SUCCESS)
+        r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, rectangles)");
     if (r == CP_SUCCESS) {
         dim3 grid((unsigned)((int64_t)p.rs.by_q.ntiles * p.H), 1, (unsigned)p.B);
         kernel<<<grid, WG_THREADS, bytes, s->stream>>>(p);
         r = check_launch("attention forward (wgmma, rectangles)");
     }
+    if (r == CP_SUCCESS)
+        r = nf_forward_end(s, p); // the guard's patch reads the list too
     return rect_release(s, buf, r);
 }
 

@@ -176,12 +176,40 @@ struct attn_params {
     // is the real one; NULL = 1; per head (dph) or one float each.
     const float *qd, *kd, *vd;
     int dph;
+    // The tensor-core forward's guard against non-finite values (nonfinite.cu):
+    // *vflag set on the device when v holds one; the kernels then read vs,
+    // v with those values as 0 (v_of). NULL: no guard (v is read as is).
+    const int *vflag;
+    tensor vs;
+    void *nf_ws; // the guard's workspace (nf_forward_begin), or NULL: no guard
 };
+
+// The values the forward's kernels multiply by P: v, or its sanitised copy
+// when the guard found a non-finite value in it (nonfinite.cu).
+__device__ __forceinline__ tensor v_of(const attn_params &p)
+{
+    return p.vflag && *p.vflag ? p.vs : p.v;
+}
 
 // A tensor's descale for head h (query head for q, kv head for k and v).
 __host__ __device__ inline float descale(const float *d, int per_head, int h)
 {
     return d ? d[per_head ? h : 0] : 1.0f;
+}
+
+// Whether key row j lies in a band of the list [bs, be) of p.rs.by_k. A key
+// tile's rows outside every band may be memory nobody wrote (a CP ring
+// carries only the rows that some later holder sees): the key-tile kernels
+// zero them after loading, so that a dS of 0 times them stays 0, and the
+// forward's non-finite guard scans only rows in a band.
+__device__ __forceinline__ bool key_in_bands(const attn_params &p, int bs, int be, int64_t j)
+{
+    for (int bi = bs; bi < be; bi++) {
+        const band &r = p.rs.bands[p.rs.by_k.ids[bi]];
+        if (j >= r.k0 && j < r.k1)
+            return true;
+    }
+    return false;
 }
 
 // Fill p from a (defaults resolved as the core does; checks what the kernels
@@ -384,6 +412,22 @@ cp_status mma_rect_forward(state *s, const attn_params &p);
 // ws: mma_bwd_workspace(s, p) bytes, as mma_backward.
 cp_status mma_rect_backward(state *s, const attn_params &p, void *ws);
 size_t mma_rect_bwd_workspace(const state *s, const attn_params &p);
+
+// The non-finite guard of the tensor-core forward (nonfinite.cu). A hidden
+// pair of a tile has P = 0, and the tensor cores multiply it anyway: 0 x inf
+// or 0 x NaN of a value row would reach rows that do not see it. So, for
+// F16 / BF16: nf_forward_begin queues a scan of v (flag and a bit per key
+// row) and, only when flagged, a copy of v with non-finite values as 0 that
+// the kernels read instead (p->vflag, p->vs); nf_forward_end, queued after
+// the kernel (with p.rs still uploaded for rectangle calls), gives every
+// output element that sees a non-finite value through a visible pair its
+// class (NaN, or the infinity's sign), only when flagged. Clean calls pay
+// the scan; untouched outputs of a flagged call keep the clean run's bits.
+// Both do nothing without p->nf_ws. For a rectangle list, begin runs after
+// rect_upload (the scan reads only key rows in a band).
+size_t nf_forward_workspace(const attn_params &p);
+cp_status nf_forward_begin(state *s, attn_params *p);
+cp_status nf_forward_end(state *s, const attn_params &p);
 
 // Opt a kernel into `bytes` of dynamic shared memory (once per kernel).
 cp_status allow_smem(const void *kernel, int bytes, const char *what);

@@ -32,7 +32,10 @@
     KNOB(wgmma_ws, "INFINICP_CUDA_WGMMA_WS", 1, {"0", 0})                                                              \
     /* 0: the backward ignores cp_kernel_attn_args.drow and computes rowsum(dO * O) in every call                      \
      * (attn.cu; suite gpu-attn-drow-off). */                                                                          \
-    KNOB(drow_reuse, "INFINICP_CUDA_DROW", 1, {"0", 0})
+    KNOB(drow_reuse, "INFINICP_CUDA_DROW", 1, {"0", 0})                                                               \
+    /* 0: the tensor-core forward runs without its non-finite guard (nonfinite.cu; for measuring its cost:          \
+     * a NaN or inf in v then reaches rows that do not see it). */                                                     \
+    KNOB(nf_guard, "INFINICP_CUDA_NF_GUARD", 1, {"0", 0})
 
 namespace cu {
 

@@ -609,20 +609,6 @@ __device__ __forceinline__ void key_limits(const band &r, int64_t j, int64_t i0,
     *hi = b < 0 ? 0 : b > bq ? bq : (int)b;
 }
 
-// Whether key row j lies in a band of the list [bs, be) of p.rs.by_k. A key
-// tile's rows outside every band may be memory nobody wrote (a CP ring
-// carries only the rows that some later holder sees): the key-tile kernels
-// zero them after loading, so that a dS of 0 times them stays 0.
-__device__ __forceinline__ bool key_in_bands(const attn_params &p, int bs, int be, int64_t j)
-{
-    for (int bi = bs; bi < be; bi++) {
-        const band &r = p.rs.bands[p.rs.by_k.ids[bi]];
-        if (j >= r.k0 && j < r.k1)
-            return true;
-    }
-    return false;
-}
-
 // One online-softmax step of a 16-row tile in C layout (softmax_tile of
 // mma.cuh with two-sided limits per row and the softcap): scores to base 2,
 // masked outside [lo[r], hi[r]) unless `full`, probabilities relative to the
