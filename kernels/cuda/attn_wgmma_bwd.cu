@@ -34,7 +34,13 @@
 // probabilities of S^T are computed while dP^T is still in flight.
 //
 // P = 2^(S * scale * log2 e - LSE2) with LSE2 = +inf for rows that see no key
-// (P = 0, no NaN); dS = scale * P * (dP - rowsum(dO * O)).
+// (P = 0, no NaN); dS = scale * P * (dP - rowsum(dO * O)) where P != 0, and
+// 0 by a select where P = 0 (every hidden pair): a non-finite V or dO makes
+// dP NaN for hidden pairs too, and 0 x NaN would reach dQ and dK. (Selecting
+// on the mask instead made ptxas spill here; a visible P that underflows to
+// 0 drops its NaN, which the row's NaN rowsum(dO * O) carries anyway. The
+// mma.sync kernels keep the product: the select spills up to 360 bytes
+// there.)
 #include "wgmma.cuh"
 
 namespace cu {
@@ -158,6 +164,8 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
                     ds *= 1.0f - t * t;
                 }
                 ds = il >= rlo[c >> 1] && il < rhi[c >> 1] ? ds : 0.0f;
+            } else {
+                ds = s[nb][c] != 0.0f ? ds : 0.0f;
             }
             dp[nb][c] = ds;
         }
