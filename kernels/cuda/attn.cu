@@ -202,11 +202,6 @@ attn_path choose(const state *s, const attn_params &p, int backward)
     return PATH_AUTO; // nothing fits
 }
 
-size_t round_up(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
-
 size_t drow_bytes(const attn_params &p)
 {
     return round_up((size_t)p.B * (size_t)p.H * (size_t)p.Sq * sizeof(float));
@@ -323,19 +318,21 @@ cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
         return unsupported(p, func);
     if (path == PATH_SIMT)
         return simt_forward(s, p);
+    // the tensor-core kernels take the guard where a tile may hide pairs (its
+    // workspace is all they need); where every pair is visible, none
+    const bool guard = guarded(s, p, 0, path) && hides_pairs(p);
     size_t need;
     workspace_for(s, p, 0, path, &need);
-    if (path == PATH_MMA && !hides_pairs(p))
-        need = 0; // every pair of every tile is visible: no guard
+    if (path == PATH_MMA && !guard)
+        need = 0;
     scratch w;
     if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
         return r;
     if (path == PATH_BLAS)
         return release(s, &w, blas_forward(s, p, w.base));
-    // the tensor-core kernels, with the guard where a tile may hide pairs;
-    // the rectangle launchers run it themselves around their kernel (it reads
-    // the list they upload)
-    if (guarded(s, p, 0, path) && hides_pairs(p))
+    // the rectangle launchers run the guard themselves around their kernel
+    // (it reads the list they upload)
+    if (guard)
         p.nf_ws = w.base;
     if (p.rects) {
         r = use_wgmma(s, p) ? wgmma_forward(s, p) : mma_rect_forward(s, p);

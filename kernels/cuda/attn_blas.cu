@@ -22,11 +22,6 @@ namespace {
 // Scores per chunk: C * seq_k <= this many floats (32 MiB), C >= 1.
 constexpr int64_t CHUNK_FLOATS = (int64_t)8 << 20;
 
-size_t round_up(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
-
 size_t esize(cp_dtype t)
 {
     return t == CP_DTYPE_F32 ? 4 : 2;

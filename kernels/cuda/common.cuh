@@ -429,6 +429,13 @@ size_t nf_forward_workspace(const attn_params &p);
 cp_status nf_forward_begin(state *s, attn_params *p);
 cp_status nf_forward_end(state *s, const attn_params &p);
 
+// n rounded up to 256 bytes: the alignment of every buffer the module carves
+// from a workspace.
+inline size_t round_up(size_t n)
+{
+    return (n + 255) & ~(size_t)255;
+}
+
 // Opt a kernel into `bytes` of dynamic shared memory (once per kernel).
 cp_status allow_smem(const void *kernel, int bytes, const char *what);
 

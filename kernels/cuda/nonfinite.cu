@@ -34,20 +34,24 @@ namespace {
 
 constexpr int NF_THREADS = 256;
 
-size_t up256(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
-
 // 32-bit words of row bits per (batch, kv head).
-int64_t bit_words(const attn_params &p)
+__host__ __device__ inline int64_t bit_words(const attn_params &p)
 {
     return (p.Sk + 31) / 32;
 }
 
+// The workspace: the flag (in 256 bytes of its own), the row bits, the copy
+// of v.
+constexpr size_t FLAG_BYTES = 256;
+
 size_t bits_bytes(const attn_params &p)
 {
-    return up256((size_t)p.B * (size_t)p.Hkv * (size_t)bit_words(p) * 4);
+    return round_up((size_t)p.B * (size_t)p.Hkv * (size_t)bit_words(p) * 4);
+}
+
+uint32_t *bits_of(const int *flag)
+{
+    return reinterpret_cast<uint32_t *>(reinterpret_cast<uintptr_t>(flag) + FLAG_BYTES);
 }
 
 // Class of a 16-bit value: 0 finite, 1 NaN, 2 +inf, 4 -inf.
@@ -99,7 +103,7 @@ template <typename T>
 __global__ void __launch_bounds__(NF_THREADS) nf_scan(attn_params p, chunks c, int *flag, uint32_t *bits)
 {
     const uint16_t *v = static_cast<const uint16_t *>(p.v.p);
-    const int64_t nw = (p.Sk + 31) / 32;
+    const int64_t nw = bit_words(p);
     for (int64_t e = (int64_t)blockIdx.x * NF_THREADS + threadIdx.x; e < c.total; e += (int64_t)gridDim.x * NF_THREADS) {
         const chunk_at a = locate(p, c, e);
         if (p.rects) { // only rows in a band: the others may be memory nobody wrote
@@ -146,7 +150,7 @@ __global__ void __launch_bounds__(128) nf_patch(attn_params p, const int *flag, 
     if (!*flag)
         return;
     const uint16_t *v = static_cast<const uint16_t *>(p.v.p);
-    const int64_t nw = (p.Sk + 31) / 32, rows = (int64_t)p.B * p.Sq * p.H;
+    const int64_t nw = bit_words(p), rows = (int64_t)p.B * p.Sq * p.H;
     for (int64_t it = blockIdx.x; it < rows; it += gridDim.x) {
         const int h = (int)(it % p.H), hk = h / p.G;
         const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
@@ -209,7 +213,7 @@ unsigned grid_for(const state *s, int64_t work, int per_block)
 
 size_t nf_forward_workspace(const attn_params &p)
 {
-    return 256 + bits_bytes(p) + up256((size_t)p.B * (size_t)p.Sk * (size_t)p.Hkv * (size_t)p.Dv * 2);
+    return FLAG_BYTES + bits_bytes(p) + round_up((size_t)p.B * (size_t)p.Sk * (size_t)p.Hkv * (size_t)p.Dv * 2);
 }
 
 cp_status nf_forward_begin(state *s, attn_params *p)
@@ -218,9 +222,9 @@ cp_status nf_forward_begin(state *s, attn_params *p)
         return CP_SUCCESS;
     char *w = static_cast<char *>(p->nf_ws);
     int *flag = reinterpret_cast<int *>(w);
-    uint32_t *bits = reinterpret_cast<uint32_t *>(w + 256);
-    uint16_t *vs = reinterpret_cast<uint16_t *>(w + 256 + bits_bytes(*p));
-    cudaError_t e = cudaMemsetAsync(w, 0, 256 + bits_bytes(*p), s->stream);
+    uint32_t *bits = bits_of(flag);
+    uint16_t *vs = reinterpret_cast<uint16_t *>(w + FLAG_BYTES + bits_bytes(*p));
+    cudaError_t e = cudaMemsetAsync(w, 0, FLAG_BYTES + bits_bytes(*p), s->stream);
     if (e != cudaSuccess)
         return cuda_fail("cudaMemsetAsync (the non-finite guard)", e);
     const chunks c = chunks_of(*p);
@@ -242,7 +246,7 @@ cp_status nf_forward_end(state *s, const attn_params &p)
     if (!p.vflag)
         return CP_SUCCESS;
     const int *flag = p.vflag;
-    const uint32_t *bits = reinterpret_cast<const uint32_t *>(reinterpret_cast<const char *>(flag) + 256);
+    const uint32_t *bits = bits_of(flag);
     const unsigned grid = grid_for(s, (int64_t)p.B * p.Sq * p.H, 1);
     if (p.dt == CP_DTYPE_BF16)
         nf_patch<__nv_bfloat16><<<grid, 128, 0, s->stream>>>(p, flag, bits);
