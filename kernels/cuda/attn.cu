@@ -27,7 +27,8 @@
 // calls with hidden pairs in a tile, sized for every call); the SIMT forward
 // none. The backward needs one float per query row (rowsum(dO * O)); the
 // cuBLAS path adds its chunk buffers, the mma backward with atomics (not
-// deterministic) its fp32 dQ sums unless the grads are F32.
+// deterministic) its fp32 dQ sums unless the grads are F32, and the
+// tensor-core backward the guard's flag and row bits (last).
 #include <cinttypes>
 #include <cmath>
 
@@ -207,10 +208,10 @@ size_t drow_bytes(const attn_params &p)
     return round_up((size_t)p.B * (size_t)p.H * (size_t)p.Sq * sizeof(float));
 }
 
-// The tensor-core forward of F16 / BF16 runs the non-finite guard (nonfinite.cu).
-bool guarded(const state *s, const attn_params &p, int backward, attn_path path)
+// The tensor-core kernels of F16 / BF16 run the non-finite guard (nonfinite.cu).
+bool guarded(const state *s, const attn_params &p, attn_path path)
 {
-    return s->knob.nf_guard && !backward && path == PATH_MMA && (p.dt == CP_DTYPE_F16 || p.dt == CP_DTYPE_BF16);
+    return s->knob.nf_guard && path == PATH_MMA && (p.dt == CP_DTYPE_F16 || p.dt == CP_DTYPE_BF16);
 }
 
 // Whether this call has hidden pairs inside a tile (only those leak): the
@@ -224,12 +225,12 @@ bool hides_pairs(const attn_params &p)
 cp_status workspace_for(const state *s, const attn_params &p, int backward, attn_path path, size_t *bytes)
 {
     size_t n = backward ? drow_bytes(p) : 0;
-    if (guarded(s, p, backward, path))
-        n += nf_forward_workspace(p);
     if (path == PATH_BLAS)
         n += blas_workspace(p, backward);
     if (path == PATH_MMA && backward)
         n += p.rects ? mma_rect_bwd_workspace(s, p) : mma_bwd_workspace(s, p);
+    if (guarded(s, p, path)) // last: attn_backward finds it at n - this
+        n += backward ? nf_backward_workspace(p) : nf_forward_workspace(p);
     *bytes = n;
     return CP_SUCCESS;
 }
@@ -320,7 +321,7 @@ cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
         return simt_forward(s, p);
     // the tensor-core kernels take the guard where a tile may hide pairs (its
     // workspace is all they need); where every pair is visible, none
-    const bool guard = guarded(s, p, 0, path) && hides_pairs(p);
+    const bool guard = guarded(s, p, path) && hides_pairs(p);
     size_t need;
     workspace_for(s, p, 0, path, &need);
     if (path == PATH_MMA && !guard)
@@ -370,12 +371,19 @@ cp_status attn_backward(void *sp, const cp_kernel_attn_args *a)
     p.drb = caller ? p.lsb : (int64_t)p.H * p.Sq;
     p.drh = caller ? p.lsh : p.Sq;
     r = caller && a->drow_ready ? CP_SUCCESS : launch_drow(s, p);
+    // the guard where a tile may hide pairs, in the workspace's last bytes;
+    // the rectangle launcher runs it around its kernels (it reads the list)
+    if (guarded(s, p, path) && hides_pairs(p))
+        p.nf_ws = static_cast<char *>(w.base) + need - nf_backward_workspace(p);
     if (r == CP_SUCCESS) {
-        if (path == PATH_MMA && p.rects)
+        if (path == PATH_MMA && p.rects) {
             r = mma_rect_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p));
-        else if (path == PATH_MMA)
-            r = mma_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p), use_wgmma_bwd(s, p));
-        else if (path == PATH_SIMT)
+        } else if (path == PATH_MMA) {
+            if ((r = nf_backward_begin(s, &p)) == CP_SUCCESS &&
+                (r = mma_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p), use_wgmma_bwd(s, p))) ==
+                    CP_SUCCESS)
+                r = nf_backward_end(s, p);
+        } else if (path == PATH_SIMT)
             r = simt_backward(s, p);
         else
             r = blas_backward(s, p, static_cast<char *>(w.base) + drow_bytes(p));

@@ -61,6 +61,8 @@ __global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
             adk[nb][c] = adv[nb][c] = 0.0f;
 
     const int64_t i_first = first_query(p, k0) / BQ * BQ;
+    const bool nf = nf_on(p); // the non-finite guard found a value to clean
+    bool kv_clean = !nf;
     for (int gq = 0; gq < p.G; gq++) {
         const int h = hk * p.G + gq;
         for (int64_t i0 = i_first; i0 < p.Sq; i0 += BQ) {
@@ -71,10 +73,18 @@ __global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
             for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
                 const int64_t i = i0 + e;
                 lse2s[e] = i < p.Sq ? lse2_of(p.lse[b * p.lsb + h * p.lsh + i]) : INFINITY;
-                drs[e] = i < p.Sq ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
+                const float dr = i < p.Sq ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
+                drs[e] = nf ? finite_or_0(dr) : dr;
             }
             cp_async_wait_all();
             __syncthreads();
+            if (nf) { // Q and dO (contiguous), and K and V once
+                nf_clean<T>(Qs, 2 * BQ * PITCH / 8, threadIdx.x, blockDim.x);
+                if (!kv_clean)
+                    nf_clean<T>(Ks, 2 * BK * PITCH / 8, threadIdx.x, blockDim.x);
+                kv_clean = true;
+                __syncthreads();
+            }
 
             float st[BQ / 8][4], dpt[BQ / 8][4];
 #pragma unroll
@@ -163,11 +173,18 @@ __global__ void __launch_bounds__(128) dq_mma_kernel(attn_params p)
     load_tile<T, BQ, DP>(dOs, p.dout, b, i0, p.Sq, h, p.Dv, p.vec);
     cp_async_commit();
     float lse2[2], dr[2];
+    const bool nf = nf_on(p); // the non-finite guard found a value to clean
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t i = row0 + r * 8;
         lse2[r] = i < p.Sq ? lse2_of(p.lse[b * p.lsb + h * p.lsh + i]) : INFINITY;
         dr[r] = i < p.Sq ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
+        dr[r] = nf ? finite_or_0(dr[r]) : dr[r];
+    }
+    if (nf) { // Q and dO (contiguous); the loop's first barrier publishes them
+        cp_async_wait_all();
+        __syncthreads();
+        nf_clean<T>(Qs, 2 * BQ * PITCH / 8, threadIdx.x, blockDim.x);
     }
     float adq[DP / 8][4];
 #pragma unroll
@@ -182,6 +199,10 @@ __global__ void __launch_bounds__(128) dq_mma_kernel(attn_params p)
         cp_async_commit();
         cp_async_wait_all();
         __syncthreads();
+        if (nf_on(p)) { // K and V (contiguous); the flag re-read: no register held across the loop
+            nf_clean<T>(Ks, 2 * BK * PITCH / 8, threadIdx.x, blockDim.x);
+            __syncthreads();
+        }
 
         float s[BK / 8][4], dp[BK / 8][4];
 #pragma unroll

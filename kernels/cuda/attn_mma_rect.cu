@@ -178,14 +178,20 @@ __global__ void __launch_bounds__(128) dkdv_rect_kernel(attn_params p)
     load_tile<T, BK, DP>(Ks, p.k, b, k0, p.Sk, hk, p.D, p.vec);
     load_tile<T, BK, DP>(Vs, p.v, b, k0, p.Sk, hk, p.Dv, p.vec);
     cp_async_commit();
-    // keys outside every band: zeros (key_in_bands)
+    // keys outside every band: zeros (key_in_bands); with the non-finite
+    // guard flagged, the others' non-finite values too
     cp_async_wait_all();
     __syncthreads();
+    const bool nf = nf_on(p);
     for (int e = threadIdx.x; e < BK * (DP / 8); e += blockDim.x) {
         const int rr = e / (DP / 8), c = e % (DP / 8);
+        uint4 *kc = reinterpret_cast<uint4 *>(Ks + rr * PITCH + c * 8), *vc = reinterpret_cast<uint4 *>(Vs + rr * PITCH + c * 8);
         if (!key_in_bands(p, bs, be, k0 + rr)) {
-            *reinterpret_cast<uint4 *>(Ks + rr * PITCH + c * 8) = make_uint4(0, 0, 0, 0);
-            *reinterpret_cast<uint4 *>(Vs + rr * PITCH + c * 8) = make_uint4(0, 0, 0, 0);
+            *kc = make_uint4(0, 0, 0, 0);
+            *vc = make_uint4(0, 0, 0, 0);
+        } else if (nf) {
+            *kc = finite8<T>(*kc);
+            *vc = finite8<T>(*vc);
         }
     }
 
@@ -210,10 +216,15 @@ __global__ void __launch_bounds__(128) dkdv_rect_kernel(attn_params p)
                 for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
                     const int64_t i = i0 + e;
                     lse2s[e] = i < r.q1 ? lse2_of(p.lse[b * p.lsb + h * p.lsh + i]) : INFINITY;
-                    drs[e] = i < r.q1 ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
+                    const float dr = i < r.q1 ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
+                    drs[e] = nf ? finite_or_0(dr) : dr;
                 }
                 cp_async_wait_all();
                 __syncthreads();
+                if (nf) { // Q and dO (contiguous)
+                    nf_clean<T>(Qs, 2 * BQ * PITCH / 8, threadIdx.x, blockDim.x);
+                    __syncthreads();
+                }
 
                 float st[BQ / 8][4], dpt[BQ / 8][4];
 #pragma unroll
@@ -317,11 +328,13 @@ __global__ void __launch_bounds__(128) dq_rect_kernel(attn_params p)
     load_tile<T, BQ, DP>(dOs, p.dout, b, i0, p.Sq, h, p.Dv, p.vec);
     cp_async_commit();
     float lse2[2], dr[2];
+    const bool nf = nf_on(p); // the non-finite guard found a value to clean
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
         const int64_t i = row0 + rr * 8;
         lse2[rr] = i < p.Sq ? lse2_of(p.lse[b * p.lsb + h * p.lsh + i]) : INFINITY;
         dr[rr] = i < p.Sq ? p.drow[b * p.drb + h * p.drh + i] : 0.0f;
+        dr[rr] = nf ? finite_or_0(dr[rr]) : dr[rr];
     }
     float adq[DP / 8][4];
 #pragma unroll
@@ -331,6 +344,11 @@ __global__ void __launch_bounds__(128) dq_rect_kernel(attn_params p)
     int64_t k0 = 0, khi = 0;
     if (bi < be)
         band_rows_keys(p.rs.bands[p.rs.by_q.ids[bi]], i0, nq, &k0, &khi);
+    if (nf) { // Q and dO (contiguous); the loop's first barrier publishes them
+        cp_async_wait_all();
+        __syncthreads();
+        nf_clean<T>(Qs, 2 * BQ * PITCH / 8, threadIdx.x, blockDim.x);
+    }
     while (bi < be) {
         const band r = p.rs.bands[p.rs.by_q.ids[bi]];
         __syncthreads(); // every warp is done with the previous key tile
@@ -339,6 +357,10 @@ __global__ void __launch_bounds__(128) dq_rect_kernel(attn_params p)
         cp_async_commit();
         cp_async_wait_all();
         __syncthreads();
+        if (nf_on(p)) { // K and V (contiguous); the flag re-read: no register held across the loop
+            nf_clean<T>(Ks, 2 * BK * PITCH / 8, threadIdx.x, blockDim.x);
+            __syncthreads();
+        }
 
         float s[BK / 8][4], dp[BK / 8][4];
 #pragma unroll
@@ -469,6 +491,9 @@ cp_status launch_bwd_rect(state *s, const attn_params &p0, void *ws)
     cp_status r = rect_upload(s, &p, DQ_BQ, wg ? 128 : DKDV_BK, &buf);
     if (r != CP_SUCCESS)
         return r;
+    r = nf_backward_begin(s, &p); // the guard, after the list is up
+    if (r != CP_SUCCESS)
+        return rect_release(s, buf, r);
     if (atomic) {
         float *sums;
         r = mma_dq_sums_begin(s, &p, ws, &sums);
@@ -476,6 +501,8 @@ cp_status launch_bwd_rect(state *s, const attn_params &p0, void *ws)
             r = wg ? wgmma_backward_atomic(s, p) : launch_dkdv_rect<T, DP, true>(s, p);
         if (r == CP_SUCCESS)
             r = mma_dq_sums_end(s, p, sums);
+        if (r == CP_SUCCESS)
+            r = nf_backward_end(s, p); // dq converted, the list still up
         return rect_release(s, buf, r);
     }
     r = launch_dkdv_rect<T, DP, false>(s, p);
@@ -489,6 +516,8 @@ cp_status launch_bwd_rect(state *s, const attn_params &p0, void *ws)
             r = check_launch("attention backward dQ (mma, rectangles)");
         }
     }
+    if (r == CP_SUCCESS)
+        r = nf_backward_end(s, p);
     return rect_release(s, buf, r);
 }
 

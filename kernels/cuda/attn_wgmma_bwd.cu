@@ -75,6 +75,22 @@ struct tile_smem {
 // bwd_tile's band limits where it takes none (the dense kernels).
 __device__ const int no_limits[2] = {0, 0};
 
+// The non-finite guard's pass (nf_on: flagged) over a query tile's stage: Q,
+// dO and the rowsums after the LSE at ls (BQ floats each), and with_kv K and
+// V at kv (contiguous); by the 256 threads of the two warpgroups (thread
+// index tid). The caller fences the async proxy and synchronises.
+template <typename T>
+__device__ __forceinline__ void clean_stage(uint32_t q, uint32_t o, uint32_t ls, bool with_kv, uint32_t kv,
+                                            uint32_t qb, uint32_t kb, int tid)
+{
+    using namespace wg;
+    nf_clean_sh<T>(q, qb, tid, 256);
+    nf_clean_sh<T>(o, qb, tid, 256);
+    nf_clean_sh_f32(ls + WB_BQ * 4, WB_BQ, tid, 256);
+    if (with_kv)
+        nf_clean_sh<T>(kv, 2 * kb, tid, 256);
+}
+
 // The products of one query tile (rows i0.., head h) for this warpgroup;
 // adk / adv accumulate dK and dV of its 64 keys. ds_sync() must return once
 // both warpgroups have stored their dS^T rows (and made them visible to the
@@ -333,6 +349,11 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
         cp_async_wait_all();
         fence_proxy_async(); // tiles written through the generic proxy, read by wgmma through the async one
         __syncthreads();     // tile t is in; every product of tile t - 1 is done
+        if (nf_on(p)) { // the non-finite guard (the flag re-read: no register held across the loop)
+            clean_stage<T>(Qs + st * QB, dOs + st * QB, a.lse, t == 0, Ks, QB, KB, (int)threadIdx.x);
+            fence_proxy_async();
+            __syncthreads();
+        }
         if (t + 1 < ntotal) {
             load_q(t + 1);
             cp_async_commit();
@@ -431,12 +452,16 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_para
         // barrier and proxy fence order these stores before wgmma reads
         cp_async_wait_all();
         __syncthreads();
+        const bool nf = nf_on(p);
         for (int e = threadIdx.x; e < BK * (DP / 8); e += WB_THREADS) {
             const int rr = e / (DP / 8), c = e % (DP / 8);
+            const uint32_t off = sw_off<BK>(rr, c);
             if (!key_in_bands(p, bs, be, k0 + rr)) {
-                const uint32_t off = sw_off<BK>(rr, c);
                 st_shared_v2(Ks + off, 0.0f, 0.0f), st_shared_v2(Ks + off + 8, 0.0f, 0.0f);
                 st_shared_v2(Vs + off, 0.0f, 0.0f), st_shared_v2(Vs + off + 8, 0.0f, 0.0f);
+            } else if (nf) { // the non-finite guard: the others' non-finite values too
+                nf_clean_sh<T>(Ks + off, 16, 0, 1);
+                nf_clean_sh<T>(Vs + off, 16, 0, 1);
             }
         }
     }
@@ -460,6 +485,11 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_para
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads(); // tile t is in; every product of tile t - 1 is done
+        if (nf_on(p)) { // the non-finite guard (K and V were cleaned with the band zeros)
+            clean_stage<T>(Qs + st * QB, dOs + st * QB, a.lse, false, Ks, QB, KB, (int)threadIdx.x);
+            fence_proxy_async();
+            __syncthreads();
+        }
         step nxt = cur;
         advance(nxt);
         if (nxt.bi < be) {
@@ -725,8 +755,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     adk[nb][e] = adv[nb][e] = 0.0f;
-            if (ntotal > 0)
+            if (ntotal > 0) {
                 mbar_wait(kvfull, (uint32_t)nkv & 1);
+            }
             for (int64_t t = 0; t < ntotal; t++, gt++) {
                 const int h = w.head(t, p.G);
                 const int64_t i0 = w.row(t);
@@ -735,6 +766,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 a.ds = dSs + (gt & 1) * SB;
                 const uint32_t dqt = dQs + (2 * c + (gt & 1)) * DQB;
                 mbar_wait(full + 8 * st, (gt / ST) & 1);
+                if (nf_on(p)) { // the non-finite guard: both consumers clean the stage (and K, V first)
+                    clean_stage<T>(Qs + st * QB, dOs + st * QB, a.lse, t == 0, Ks, QB, KB, (int)threadIdx.x - 128);
+                    fence_proxy_async();
+                    named_sync(4);
+                }
                 const bool after_staging = staged && t == 0;
                 bwd_tile<T, DP, true, false>(
                     p, adk, adv, a, i0, h, b, jrow0, c * 64 + warp * 16 + g, dcol0, warp, g, tq,

@@ -6,6 +6,7 @@
 #define INFINICP_KERNELS_CUDA_COMMON_CUH
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -181,7 +182,13 @@ struct attn_params {
     // v with those values as 0 (v_of). NULL: no guard (v is read as is).
     const int *vflag;
     tensor vs;
-    void *nf_ws; // the guard's workspace (nf_forward_begin), or NULL: no guard
+    void *nf_ws; // the guard's workspace (nf_forward_begin / nf_backward_begin), or NULL: no guard
+    // The backward's guard (nonfinite.cu): *bflag set on the device when q,
+    // k, v, dout, lse or rowsum(dO * O) hold a non-finite value in a row the
+    // call reads; the kernels then turn the non-finite values of every q, k,
+    // v and dout tile they load, and every non-finite rowsum, into +0
+    // (nf_clean*). NULL: no guard.
+    const int *bflag;
 };
 
 // The values the forward's kernels multiply by P: v, or its sanitised copy
@@ -189,6 +196,50 @@ struct attn_params {
 __device__ __forceinline__ tensor v_of(const attn_params &p)
 {
     return p.vflag && *p.vflag ? p.vs : p.v;
+}
+
+// Whether the backward's kernels pass their tiles over (p.bflag set and
+// flagged): read once per block, after the guard's scan (stream order).
+__device__ __forceinline__ bool nf_on(const attn_params &p)
+{
+    return p.bflag && *p.bflag;
+}
+
+// 16-bit storage: whether the value with bits x is not finite (exponent all
+// ones), and a word of two such values with the non-finite ones as +0.
+template <typename T>
+constexpr uint32_t EXP16 = std::is_same<T, __half>::value ? 0x7c00u : 0x7f80u;
+
+template <typename T>
+__device__ __forceinline__ uint32_t finite2(uint32_t w)
+{
+    constexpr uint32_t E = EXP16<T>;
+    const uint32_t lo = (w & E) == E ? 0u : w & 0xffffu, hi = ((w >> 16) & E) == E ? 0u : w >> 16;
+    return lo | hi << 16;
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 finite8(uint4 x)
+{
+    return make_uint4(finite2<T>(x.x), finite2<T>(x.y), finite2<T>(x.z), finite2<T>(x.w));
+}
+
+// A float, or +0 where it is not finite (a rowsum(dO * O) the guard clears).
+__device__ __forceinline__ float finite_or_0(float x)
+{
+    return fabsf(x) <= 3.402823466e38f ? x : 0.0f;
+}
+
+// The backward guard's pass over `chunks` 16-byte chunks of 16-bit values at
+// s in shared memory (thread tid of nt): non-finite values become +0. The
+// caller synchronises before and after.
+template <typename T>
+__device__ __forceinline__ void nf_clean(void *s, int chunks, int tid, int nt)
+{
+    uint4 *c = static_cast<uint4 *>(s);
+#pragma unroll 1
+    for (int e = tid; e < chunks; e += nt)
+        c[e] = finite8<T>(c[e]);
 }
 
 // A tensor's descale for head h (query head for q, kv head for k and v).
@@ -428,6 +479,23 @@ size_t mma_rect_bwd_workspace(const state *s, const attn_params &p);
 size_t nf_forward_workspace(const attn_params &p);
 cp_status nf_forward_begin(state *s, attn_params *p);
 cp_status nf_forward_end(state *s, const attn_params &p);
+
+// The backward's guard. In a tile that straddles the mask the tensor cores
+// multiply hidden pairs too: 0 x a non-finite dO reaches dV, 0 x Q dK,
+// 0 x K dQ, and a non-finite V, dO or rowsum makes dP - D non-finite. So:
+// nf_backward_begin (after the rowsums are in) queues a scan of the query
+// rows (q, lse, rowsum) and of the key rows (k, v; for a rectangle list only
+// those in a band) that sets p->bflag's flag and a bit per bad row; when
+// flagged, the kernels clean their tiles (nf_on, nf_clean), so that every
+// pair with a bad row contributes a finite wrong value and every other pair
+// exactly the clean run's. nf_backward_end, queued after the kernels (dQ
+// converted; p.rs still up for a list), adds for every pair with a bad row
+// its exact contribution minus the cleaned one into dq, dk and dv (fp32,
+// IEEE: NaN, infinities and finite values come out as exact arithmetic
+// says), only when flagged. Both do nothing without p->nf_ws.
+size_t nf_backward_workspace(const attn_params &p);
+cp_status nf_backward_begin(state *s, attn_params *p);
+cp_status nf_backward_end(state *s, const attn_params &p);
 
 // n rounded up to 256 bytes: the alignment of every buffer the module carves
 // from a workspace.

@@ -58,7 +58,7 @@ uint32_t *bits_of(const int *flag)
 template <typename T>
 __device__ __forceinline__ int class16(uint16_t x)
 {
-    constexpr uint16_t EXP = std::is_same<T, __half>::value ? 0x7c00 : 0x7f80;
+    constexpr uint16_t EXP = (uint16_t)EXP16<T>;
     if ((x & EXP) != EXP)
         return 0;
     if (x & (uint16_t)(~EXP & 0x7fff))
@@ -209,6 +209,326 @@ unsigned grid_for(const state *s, int64_t work, int per_block)
     return (unsigned)(want < 1 ? 1 : want < most ? want : most);
 }
 
+// ---- the backward ----------------------------------------------------------
+//
+// Workspace: the flag (FLAG_BYTES), a bit per query row [B][H][words] and one
+// per key row [B][Hkv][words] (bit_words).
+
+constexpr int NB_WARPS = 8; // warps of a block of the backward's kernels: one row each in turn
+
+__host__ __device__ inline int64_t q_words(const attn_params &p)
+{
+    return (p.Sq + 31) / 32;
+}
+
+size_t qbits_bytes(const attn_params &p)
+{
+    return round_up((size_t)p.B * (size_t)p.H * (size_t)q_words(p) * 4);
+}
+
+__device__ __forceinline__ bool bit_at(const uint32_t *w, int64_t i)
+{
+    return (w[i / 32] >> (i % 32)) & 1u;
+}
+
+__device__ __forceinline__ float warp_sum(float x)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// Whether a lane's part of a head row (dim values of type T at t + off) holds
+// a non-finite value.
+template <typename T>
+__device__ __forceinline__ bool row_bad(const attn_params &p, const tensor &t, int64_t off, int dim, int lane)
+{
+    const uint16_t *x = static_cast<const uint16_t *>(t.p) + off;
+    int cls = 0;
+    if (p.vec) { // whole 16-byte chunks
+        for (int c = lane; c < dim / 8; c += 32) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(x + 8 * c);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                cls |= class16<T>((uint16_t)w[k]) | class16<T>((uint16_t)(w[k] >> 16));
+        }
+    } else {
+        for (int d = lane; d < dim; d += 32)
+            cls |= class16<T>(x[d]);
+    }
+    return cls != 0;
+}
+
+// A warp per query row (b, i, h): q, the LSE (NaN or +inf; -inf is a row
+// that sees no key) and the rowsum (not finite where dO or O is not).
+template <typename T>
+__global__ void __launch_bounds__(32 * NB_WARPS) nf_scan_q(attn_params p, int *flag, uint32_t *qbits)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t rows = (int64_t)p.B * p.Sq * p.H, nw = q_words(p);
+    for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
+         it += (int64_t)gridDim.x * NB_WARPS) {
+        const int h = (int)(it % p.H);
+        const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
+        bool bad = row_bad<T>(p, p.q, at(p.q, b, i, h), p.D, lane);
+        if (lane == 0) {
+            const float l = p.lse[b * p.lsb + h * p.lsh + i], d = p.drow[b * p.drb + h * p.drh + i];
+            bad |= l != l || l == INFINITY || !(fabsf(d) <= 3.402823466e38f);
+        }
+        if (__any_sync(0xffffffffu, bad) && lane == 0) {
+            *flag = 1;
+            atomicOr(qbits + (b * p.H + h) * nw + i / 32, 1u << (i % 32));
+        }
+    }
+}
+
+// A warp per key row (b, j, hk): k and v; for a list only rows in a band
+// (the others may be memory nobody wrote).
+template <typename T>
+__global__ void __launch_bounds__(32 * NB_WARPS) nf_scan_k(attn_params p, int *flag, uint32_t *kbits)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t rows = (int64_t)p.B * p.Sk * p.Hkv, nw = bit_words(p);
+    for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
+         it += (int64_t)gridDim.x * NB_WARPS) {
+        const int hk = (int)(it % p.Hkv);
+        const int64_t j = (it / p.Hkv) % p.Sk, b = it / p.Hkv / p.Sk;
+        if (p.rects) {
+            const int t = (int)(j / p.rs.by_k.tile);
+            if (!key_in_bands(p, p.rs.by_k.start[t], p.rs.by_k.start[t + 1], j))
+                continue;
+        }
+        const bool bad = row_bad<T>(p, p.k, at(p.k, b, j, hk), p.D, lane) ||
+                         row_bad<T>(p, p.v, at(p.v, b, j, hk), p.Dv, lane);
+        if (__any_sync(0xffffffffu, bad) && lane == 0) {
+            *flag = 1;
+            atomicOr(kbits + (b * p.Hkv + hk) * nw + j / 32, 1u << (j % 32));
+        }
+    }
+}
+
+// Head rows of up to 256 values, a lane holding columns lane + 32 m.
+constexpr int NM = 8;
+
+template <typename T>
+__device__ __forceinline__ void load_row(float (&x)[NM], const tensor &t, int64_t off, int dim, int lane)
+{
+    const T *s = static_cast<const T *>(t.p) + off;
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        const int d = lane + 32 * m;
+        x[m] = d < dim ? get_f(s[d]) : 0.0f;
+    }
+}
+
+// The dot product of two rows over the warp, raw and with non-finite values
+// as 0 (what the cleaned tiles multiply).
+__device__ __forceinline__ void dots(const float (&a)[NM], const float (&b)[NM], float *raw, float *clean)
+{
+    float r = 0.0f, c = 0.0f;
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        r += a[m] * b[m];
+        c += finite_or_0(a[m]) * finite_or_0(b[m]);
+    }
+    *raw = warp_sum(r);
+    *clean = warp_sum(c);
+}
+
+// One pair's P and dS (scale and softcap factor in), exact (from the raw
+// rows) and as the cleaned kernel computed them.
+struct pair_terms {
+    float p, ds, pc, dsc;
+};
+
+__device__ __forceinline__ pair_terms terms(const attn_params &p, float qk, float qkc, float dp, float dpc, float lse,
+                                           float drow)
+{
+    pair_terms t;
+    const float l2 = lse2_of(lse);
+    auto score = [&](float x, float *f) {
+        if (!p.softcap) {
+            *f = p.scale;
+            return x * p.c;
+        }
+        const float th = tanhf(x * p.cap_in);
+        *f = p.scale * (1.0f - th * th);
+        return p.cap_out * th;
+    };
+    float f, fc;
+    const float s = score(qk, &f), sc = score(qkc, &fc);
+    // exact: a row that sees no key (LSE -inf) weighs nothing, as in the model
+    t.p = lse == -INFINITY ? 0.0f : exp2f(s - l2);
+    t.ds = t.p * (dp - drow) * f;
+    t.pc = exp2f(sc - l2);
+    t.dsc = t.pc != 0.0f ? t.pc * (dpc - finite_or_0(drow)) * fc : 0.0f;
+    return t;
+}
+
+// Query rows [lo, hi) that key row j sees (dense), or calls f(lo, hi) for each
+// band of the list holding (i, j) pairs: key side and query side.
+template <typename F>
+__device__ __forceinline__ void keys_of_row(const attn_params &p, int64_t i, F f)
+{
+    if (!p.rects) {
+        f((int64_t)0, visible_keys(p, i));
+        return;
+    }
+    const tile_index &t = p.rs.by_q;
+    const int tile = (int)(i / t.tile);
+    for (int x = t.start[tile]; x < t.start[tile + 1]; x++) {
+        const band r = p.rs.bands[t.ids[x]];
+        if (i < r.q0 || i >= r.q1)
+            continue;
+        int64_t lo, hi;
+        band_keys(r, i, &lo, &hi);
+        f(lo, hi);
+    }
+}
+
+template <typename F>
+__device__ __forceinline__ void rows_of_key(const attn_params &p, int64_t j, F f)
+{
+    if (!p.rects) {
+        f(first_query(p, j), p.Sq);
+        return;
+    }
+    const tile_index &t = p.rs.by_k;
+    const int tile = (int)(j / t.tile);
+    for (int x = t.start[tile]; x < t.start[tile + 1]; x++) {
+        const band r = p.rs.bands[t.ids[x]];
+        if (j < r.k0 || j >= r.k1)
+            continue;
+        int64_t lo, hi;
+        band_queries(r, j, &lo, &hi);
+        f(lo, hi);
+    }
+}
+
+// Calls f(x) for every x of [lo, hi): all of them, or only those whose bit
+// is set in w.
+template <typename F>
+__device__ __forceinline__ void each(int64_t lo, int64_t hi, bool all, const uint32_t *w, F f)
+{
+    if (all) {
+        for (int64_t x = lo; x < hi; x++)
+            f(x);
+        return;
+    }
+    for (int64_t k = lo / 32; k * 32 < hi; k++) {
+        uint32_t m = w[k];
+        if (k * 32 < lo)
+            m &= ~0u << (lo - k * 32);
+        if (hi - k * 32 < 32)
+            m &= (1u << (hi - k * 32)) - 1;
+        while (m) {
+            f(k * 32 + __ffs(m) - 1);
+            m &= m - 1;
+        }
+    }
+}
+
+// Adds x (a lane's columns) into row off of a gradient, where any pair was
+// met (so that untouched rows keep their bits).
+__device__ __forceinline__ void add_row(const attn_params &p, const tensor &t, int64_t off, int dim,
+                                        const float (&x)[NM], int lane)
+{
+    void *g = const_cast<void *>(t.p);
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        const int d = lane + 32 * m;
+        if (d < dim)
+            st_f(g, p.gdt, off + d, ld_f(g, p.gdt, off + d) + x[m]);
+    }
+}
+
+// dQ: a warp per query row (b, i, h); the pairs with a bad row or a bad key.
+template <typename T>
+__global__ void __launch_bounds__(32 * NB_WARPS) nf_patch_dq(attn_params p, const int *flag, const uint32_t *qbits,
+                                                           const uint32_t *kbits)
+{
+    if (!*flag)
+        return;
+    const int lane = threadIdx.x & 31;
+    const int64_t rows = (int64_t)p.B * p.Sq * p.H;
+    for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
+         it += (int64_t)gridDim.x * NB_WARPS) {
+        const int h = (int)(it % p.H), hk = h / p.G;
+        const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
+        const bool bad_row = bit_at(qbits + (b * p.H + h) * q_words(p), i);
+        const uint32_t *kb = kbits + (b * p.Hkv + hk) * bit_words(p);
+        float q[NM], go[NM], k[NM], v[NM], acc[NM] = {};
+        load_row<T>(q, p.q, at(p.q, b, i, h), p.D, lane);
+        load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
+        const float lse = p.lse[b * p.lsb + h * p.lsh + i], dr = p.drow[b * p.drb + h * p.drh + i];
+        bool any = false;
+        keys_of_row(p, i, [&](int64_t lo, int64_t hi) {
+            each(lo, hi, bad_row, kb, [&](int64_t j) {
+                load_row<T>(k, p.k, at(p.k, b, j, hk), p.D, lane);
+                load_row<T>(v, p.v, at(p.v, b, j, hk), p.Dv, lane);
+                float qk, qkc, dp, dpc;
+                dots(q, k, &qk, &qkc);
+                dots(go, v, &dp, &dpc);
+                const pair_terms t = terms(p, qk, qkc, dp, dpc, lse, dr);
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    acc[m] += t.ds * k[m] - t.dsc * finite_or_0(k[m]);
+                any = true;
+            });
+        });
+        if (any)
+            add_row(p, p.dq, at(p.dq, b, i, h), p.D, acc, lane);
+    }
+}
+
+// dK and dV: a warp per key row (b, j, hk) over the query heads of its
+// group; the pairs with a bad key or a bad row.
+template <typename T>
+__global__ void __launch_bounds__(32 * NB_WARPS) nf_patch_dkdv(attn_params p, const int *flag, const uint32_t *qbits,
+                                                             const uint32_t *kbits)
+{
+    if (!*flag)
+        return;
+    const int lane = threadIdx.x & 31;
+    const int64_t rows = (int64_t)p.B * p.Sk * p.Hkv;
+    for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
+         it += (int64_t)gridDim.x * NB_WARPS) {
+        const int hk = (int)(it % p.Hkv);
+        const int64_t j = (it / p.Hkv) % p.Sk, b = it / p.Hkv / p.Sk;
+        const bool bad_key = bit_at(kbits + (b * p.Hkv + hk) * bit_words(p), j);
+        float k[NM], v[NM], q[NM], go[NM], ak[NM] = {}, av[NM] = {};
+        load_row<T>(k, p.k, at(p.k, b, j, hk), p.D, lane);
+        load_row<T>(v, p.v, at(p.v, b, j, hk), p.Dv, lane);
+        bool any = false;
+        for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
+            const uint32_t *qb = qbits + (b * p.H + h) * q_words(p);
+            rows_of_key(p, j, [&](int64_t lo, int64_t hi) {
+                each(lo, hi, bad_key, qb, [&](int64_t i) {
+                    load_row<T>(q, p.q, at(p.q, b, i, h), p.D, lane);
+                    load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
+                    const float lse = p.lse[b * p.lsb + h * p.lsh + i], dr = p.drow[b * p.drb + h * p.drh + i];
+                    float qk, qkc, dp, dpc;
+                    dots(q, k, &qk, &qkc);
+                    dots(go, v, &dp, &dpc);
+                    const pair_terms t = terms(p, qk, qkc, dp, dpc, lse, dr);
+#pragma unroll
+                    for (int m = 0; m < NM; m++) {
+                        ak[m] += t.ds * q[m] - t.dsc * finite_or_0(q[m]);
+                        av[m] += t.p * go[m] - t.pc * finite_or_0(go[m]);
+                    }
+                    any = true;
+                });
+            });
+        }
+        if (any) {
+            add_row(p, p.dk, at(p.dk, b, j, hk), p.D, ak, lane);
+            add_row(p, p.dv, at(p.dv, b, j, hk), p.Dv, av, lane);
+        }
+    }
+}
+
 } // namespace
 
 size_t nf_forward_workspace(const attn_params &p)
@@ -253,6 +573,52 @@ cp_status nf_forward_end(state *s, const attn_params &p)
     else
         nf_patch<__half><<<grid, 128, 0, s->stream>>>(p, flag, bits);
     return check_launch("the non-finite guard's patch");
+}
+
+size_t nf_backward_workspace(const attn_params &p)
+{
+    return FLAG_BYTES + qbits_bytes(p) + bits_bytes(p);
+}
+
+cp_status nf_backward_begin(state *s, attn_params *p)
+{
+    if (!p->nf_ws)
+        return CP_SUCCESS;
+    char *w = static_cast<char *>(p->nf_ws);
+    int *flag = reinterpret_cast<int *>(w);
+    uint32_t *qbits = bits_of(flag), *kbits = qbits + qbits_bytes(*p) / 4;
+    cudaError_t e = cudaMemsetAsync(w, 0, nf_backward_workspace(*p), s->stream);
+    if (e != cudaSuccess)
+        return cuda_fail("cudaMemsetAsync (the non-finite guard)", e);
+    const unsigned gq = grid_for(s, (int64_t)p->B * p->Sq * p->H, NB_WARPS),
+                   gk = grid_for(s, (int64_t)p->B * p->Sk * p->Hkv, NB_WARPS);
+    if (p->dt == CP_DTYPE_BF16) {
+        nf_scan_q<__nv_bfloat16><<<gq, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, qbits);
+        nf_scan_k<__nv_bfloat16><<<gk, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, kbits);
+    } else {
+        nf_scan_q<__half><<<gq, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, qbits);
+        nf_scan_k<__half><<<gk, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, kbits);
+    }
+    p->bflag = flag;
+    return check_launch("the non-finite guard's scan (backward)");
+}
+
+cp_status nf_backward_end(state *s, const attn_params &p)
+{
+    if (!p.bflag)
+        return CP_SUCCESS;
+    const int *flag = p.bflag;
+    const uint32_t *qbits = bits_of(flag), *kbits = qbits + qbits_bytes(p) / 4;
+    const unsigned gq = grid_for(s, (int64_t)p.B * p.Sq * p.H, NB_WARPS),
+                   gk = grid_for(s, (int64_t)p.B * p.Sk * p.Hkv, NB_WARPS);
+    if (p.dt == CP_DTYPE_BF16) {
+        nf_patch_dq<__nv_bfloat16><<<gq, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
+        nf_patch_dkdv<__nv_bfloat16><<<gk, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
+    } else {
+        nf_patch_dq<__half><<<gq, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
+        nf_patch_dkdv<__half><<<gk, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
+    }
+    return check_launch("the non-finite guard's patch (backward)");
 }
 
 } // namespace cu

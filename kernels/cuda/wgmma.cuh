@@ -120,6 +120,30 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t src)
     return v;
 }
 
+// The backward's non-finite guard (common.cuh, nf_clean) on shared-memory
+// addresses: `bytes` (a multiple of 16) of 16-bit values at a, or n floats
+// (rowsums), non-finite ones as +0; thread tid of nt.
+template <typename T>
+__device__ __forceinline__ void nf_clean_sh(uint32_t a, uint32_t bytes, int tid, int nt)
+{
+#pragma unroll 1
+    for (uint32_t o = (uint32_t)tid * 16; o < bytes; o += (uint32_t)nt * 16) {
+        uint32_t x0, x1, x2, x3;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                     : "r"(a + o));
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a + o), "r"(finite2<T>(x0)),
+                     "r"(finite2<T>(x1)), "r"(finite2<T>(x2)), "r"(finite2<T>(x3)));
+    }
+}
+
+__device__ __forceinline__ void nf_clean_sh_f32(uint32_t a, int n, int tid, int nt)
+{
+#pragma unroll 1
+    for (int e = tid; e < n; e += nt)
+        st_shared_f32(a + 4 * e, finite_or_0(ld_shared_f32(a + 4 * e)));
+}
+
 // Rows [r0, r0 + R) of head h of t, columns [0, dim), into a swizzled R x DP
 // tile at dst by the NT threads of the block; rows past n and columns past
 // dim are zero (an operand multiplied by a zero probability must not be NaN).
