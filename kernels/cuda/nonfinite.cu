@@ -99,6 +99,59 @@ __device__ __forceinline__ chunk_at locate(const attn_params &p, const chunks &c
     return a;
 }
 
+// The rows the other side of a pair sees, as ranges: for a query row x
+// (BY_KEY false) the key rows [lo, hi) it sees, for a key row x (BY_KEY) the
+// query rows that see it; f(lo, hi) once without a list (causal limit), or
+// once per band of the list that holds x (a pair in two bands counts twice,
+// as the kernels count it).
+template <bool BY_KEY, typename F>
+__device__ __forceinline__ void band_ranges(const attn_params &p, int64_t x, F f)
+{
+    if (!p.rects) {
+        if (BY_KEY)
+            f(first_query(p, x), p.Sq);
+        else
+            f((int64_t)0, visible_keys(p, x));
+        return;
+    }
+    const tile_index &t = BY_KEY ? p.rs.by_k : p.rs.by_q;
+    const int tile = (int)(x / t.tile);
+    for (int e = t.start[tile]; e < t.start[tile + 1]; e++) {
+        const band r = p.rs.bands[t.ids[e]];
+        if (BY_KEY ? x < r.k0 || x >= r.k1 : x < r.q0 || x >= r.q1)
+            continue;
+        int64_t lo, hi;
+        if (BY_KEY)
+            band_queries(r, x, &lo, &hi);
+        else
+            band_keys(r, x, &lo, &hi);
+        f(lo, hi);
+    }
+}
+
+// Calls f(x) for every x of [lo, hi): all of them, or only those whose bit
+// is set in w.
+template <typename F>
+__device__ __forceinline__ void each(int64_t lo, int64_t hi, bool all, const uint32_t *w, F f)
+{
+    if (all) {
+        for (int64_t x = lo; x < hi; x++)
+            f(x);
+        return;
+    }
+    for (int64_t k = lo / 32; k * 32 < hi; k++) {
+        uint32_t m = w[k];
+        if (k * 32 < lo)
+            m &= ~0u << (lo - k * 32);
+        if (hi - k * 32 < 32)
+            m &= (1u << (hi - k * 32)) - 1;
+        while (m) {
+            f(k * 32 + __ffs(m) - 1);
+            m &= m - 1;
+        }
+    }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(NF_THREADS) nf_scan(attn_params p, chunks c, int *flag, uint32_t *bits)
 {
@@ -156,36 +209,10 @@ __global__ void __launch_bounds__(128) nf_patch(attn_params p, const int *flag, 
         const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
         const uint32_t *bw = bits + (b * p.Hkv + hk) * nw;
         for (int d = threadIdx.x; d < p.Dv; d += blockDim.x) {
-            int cls = 0;
-            // the flagged key rows of [lo, hi), their class at column d
-            auto visit = [&](int64_t lo, int64_t hi) {
-                for (int64_t w = lo / 32; w * 32 < hi; w++) {
-                    uint32_t m = bw[w];
-                    if (w * 32 < lo)
-                        m &= ~0u << (lo - w * 32);
-                    if (hi - w * 32 < 32)
-                        m &= (1u << (hi - w * 32)) - 1;
-                    while (m) {
-                        const int64_t j = w * 32 + __ffs(m) - 1;
-                        m &= m - 1;
-                        cls |= class16<T>(v[at(p.v, b, j, hk) + d]);
-                    }
-                }
-            };
-            if (p.rects) {
-                const tile_index &t = p.rs.by_q;
-                const int tile = (int)(i / t.tile);
-                for (int x = t.start[tile]; x < t.start[tile + 1]; x++) {
-                    const band r = p.rs.bands[t.ids[x]];
-                    if (i < r.q0 || i >= r.q1)
-                        continue;
-                    int64_t lo, hi;
-                    band_keys(r, i, &lo, &hi);
-                    visit(lo, hi);
-                }
-            } else {
-                visit(0, visible_keys(p, i));
-            }
+            int cls = 0; // the classes of the flagged key rows row i sees, at column d
+            band_ranges<false>(p, i, [&](int64_t lo, int64_t hi) {
+                each(lo, hi, false, bw, [&](int64_t j) { cls |= class16<T>(v[at(p.v, b, j, hk) + d]); });
+            });
             if (!cls)
                 continue;
             const int64_t oi = at(p.o, b, i, h) + d;
@@ -367,69 +394,6 @@ __device__ __forceinline__ pair_terms terms(const attn_params &p, float qk, floa
     return t;
 }
 
-// Query rows [lo, hi) that key row j sees (dense), or calls f(lo, hi) for each
-// band of the list holding (i, j) pairs: key side and query side.
-template <typename F>
-__device__ __forceinline__ void keys_of_row(const attn_params &p, int64_t i, F f)
-{
-    if (!p.rects) {
-        f((int64_t)0, visible_keys(p, i));
-        return;
-    }
-    const tile_index &t = p.rs.by_q;
-    const int tile = (int)(i / t.tile);
-    for (int x = t.start[tile]; x < t.start[tile + 1]; x++) {
-        const band r = p.rs.bands[t.ids[x]];
-        if (i < r.q0 || i >= r.q1)
-            continue;
-        int64_t lo, hi;
-        band_keys(r, i, &lo, &hi);
-        f(lo, hi);
-    }
-}
-
-template <typename F>
-__device__ __forceinline__ void rows_of_key(const attn_params &p, int64_t j, F f)
-{
-    if (!p.rects) {
-        f(first_query(p, j), p.Sq);
-        return;
-    }
-    const tile_index &t = p.rs.by_k;
-    const int tile = (int)(j / t.tile);
-    for (int x = t.start[tile]; x < t.start[tile + 1]; x++) {
-        const band r = p.rs.bands[t.ids[x]];
-        if (j < r.k0 || j >= r.k1)
-            continue;
-        int64_t lo, hi;
-        band_queries(r, j, &lo, &hi);
-        f(lo, hi);
-    }
-}
-
-// Calls f(x) for every x of [lo, hi): all of them, or only those whose bit
-// is set in w.
-template <typename F>
-__device__ __forceinline__ void each(int64_t lo, int64_t hi, bool all, const uint32_t *w, F f)
-{
-    if (all) {
-        for (int64_t x = lo; x < hi; x++)
-            f(x);
-        return;
-    }
-    for (int64_t k = lo / 32; k * 32 < hi; k++) {
-        uint32_t m = w[k];
-        if (k * 32 < lo)
-            m &= ~0u << (lo - k * 32);
-        if (hi - k * 32 < 32)
-            m &= (1u << (hi - k * 32)) - 1;
-        while (m) {
-            f(k * 32 + __ffs(m) - 1);
-            m &= m - 1;
-        }
-    }
-}
-
 // Adds x (a lane's columns) into row off of a gradient, where any pair was
 // met (so that untouched rows keep their bits).
 __device__ __forceinline__ void add_row(const attn_params &p, const tensor &t, int64_t off, int dim,
@@ -464,7 +428,7 @@ __global__ void __launch_bounds__(32 * NB_WARPS) nf_patch_dq(attn_params p, cons
         load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
         const float lse = p.lse[b * p.lsb + h * p.lsh + i], dr = p.drow[b * p.drb + h * p.drh + i];
         bool any = false;
-        keys_of_row(p, i, [&](int64_t lo, int64_t hi) {
+        band_ranges<false>(p, i, [&](int64_t lo, int64_t hi) {
             each(lo, hi, bad_row, kb, [&](int64_t j) {
                 load_row<T>(k, p.k, at(p.k, b, j, hk), p.D, lane);
                 load_row<T>(v, p.v, at(p.v, b, j, hk), p.Dv, lane);
@@ -504,7 +468,7 @@ __global__ void __launch_bounds__(32 * NB_WARPS) nf_patch_dkdv(attn_params p, co
         bool any = false;
         for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
             const uint32_t *qb = qbits + (b * p.H + h) * q_words(p);
-            rows_of_key(p, j, [&](int64_t lo, int64_t hi) {
+            band_ranges<true>(p, j, [&](int64_t lo, int64_t hi) {
                 each(lo, hi, bad_key, qb, [&](int64_t i) {
                     load_row<T>(q, p.q, at(p.q, b, i, h), p.D, lane);
                     load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
