@@ -288,50 +288,49 @@ __device__ __forceinline__ bool row_bad(const attn_params &p, const tensor &t, i
     return cls != 0;
 }
 
-// A warp per query row (b, i, h): q, the LSE (NaN or +inf; -inf is a row
-// that sees no key) and the rowsum (not finite where dO or O is not).
+// The scan, a warp per row: query rows (b, i, h) first, then key rows
+// (b, j, hk), in one launch (a ring step's short calls feel every launch).
+// A query row is bad where q, its LSE (NaN or +inf; -inf is a row that sees
+// no key) or its rowsum (not finite where dO or O is not) is; a key row
+// where k or v is (for a list only rows in a band: the others may be memory
+// nobody wrote).
 template <typename T>
-__global__ void __launch_bounds__(32 * NB_WARPS) nf_scan_q(attn_params p, int *flag, uint32_t *qbits)
+__global__ void __launch_bounds__(32 * NB_WARPS) nf_scan_bwd(attn_params p, int *flag, uint32_t *qbits,
+                                                           uint32_t *kbits)
 {
     const int lane = threadIdx.x & 31;
-    const int64_t rows = (int64_t)p.B * p.Sq * p.H, nw = q_words(p);
+    const int64_t nq = (int64_t)p.B * p.Sq * p.H, rows = nq + (int64_t)p.B * p.Sk * p.Hkv;
     for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
          it += (int64_t)gridDim.x * NB_WARPS) {
-        const int h = (int)(it % p.H);
-        const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
-        bool bad = row_bad<T>(p, p.q, at(p.q, b, i, h), p.D, lane);
-        if (lane == 0) {
-            const float l = p.lse[b * p.lsb + h * p.lsh + i], d = p.drow[b * p.drb + h * p.drh + i];
-            bad |= l != l || l == INFINITY || !(fabsf(d) <= 3.402823466e38f);
+        bool bad;
+        uint32_t *word;
+        int64_t x;
+        if (it < nq) {
+            const int h = (int)(it % p.H);
+            const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
+            bad = row_bad<T>(p, p.q, at(p.q, b, i, h), p.D, lane);
+            if (lane == 0) {
+                const float l = p.lse[b * p.lsb + h * p.lsh + i], d = p.drow[b * p.drb + h * p.drh + i];
+                bad |= l != l || l == INFINITY || !(fabsf(d) <= 3.402823466e38f);
+            }
+            word = qbits + (b * p.H + h) * q_words(p) + i / 32;
+            x = i;
+        } else {
+            const int64_t e = it - nq;
+            const int hk = (int)(e % p.Hkv);
+            const int64_t j = (e / p.Hkv) % p.Sk, b = e / p.Hkv / p.Sk;
+            if (p.rects) {
+                const int t = (int)(j / p.rs.by_k.tile);
+                if (!key_in_bands(p, p.rs.by_k.start[t], p.rs.by_k.start[t + 1], j))
+                    continue;
+            }
+            bad = row_bad<T>(p, p.k, at(p.k, b, j, hk), p.D, lane) || row_bad<T>(p, p.v, at(p.v, b, j, hk), p.Dv, lane);
+            word = kbits + (b * p.Hkv + hk) * bit_words(p) + j / 32;
+            x = j;
         }
         if (__any_sync(0xffffffffu, bad) && lane == 0) {
             *flag = 1;
-            atomicOr(qbits + (b * p.H + h) * nw + i / 32, 1u << (i % 32));
-        }
-    }
-}
-
-// A warp per key row (b, j, hk): k and v; for a list only rows in a band
-// (the others may be memory nobody wrote).
-template <typename T>
-__global__ void __launch_bounds__(32 * NB_WARPS) nf_scan_k(attn_params p, int *flag, uint32_t *kbits)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t rows = (int64_t)p.B * p.Sk * p.Hkv, nw = bit_words(p);
-    for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
-         it += (int64_t)gridDim.x * NB_WARPS) {
-        const int hk = (int)(it % p.Hkv);
-        const int64_t j = (it / p.Hkv) % p.Sk, b = it / p.Hkv / p.Sk;
-        if (p.rects) {
-            const int t = (int)(j / p.rs.by_k.tile);
-            if (!key_in_bands(p, p.rs.by_k.start[t], p.rs.by_k.start[t + 1], j))
-                continue;
-        }
-        const bool bad = row_bad<T>(p, p.k, at(p.k, b, j, hk), p.D, lane) ||
-                         row_bad<T>(p, p.v, at(p.v, b, j, hk), p.Dv, lane);
-        if (__any_sync(0xffffffffu, bad) && lane == 0) {
-            *flag = 1;
-            atomicOr(kbits + (b * p.Hkv + hk) * nw + j / 32, 1u << (j % 32));
+            atomicOr(word, 1u << (x % 32));
         }
     }
 }
@@ -394,6 +393,14 @@ __device__ __forceinline__ pair_terms terms(const attn_params &p, float qk, floa
     return t;
 }
 
+// A pair's term a x minus its cleaned term ac x' (x' = x, or 0 where x is
+// not finite): exactly 0 where the two agree (a row bad only through its
+// rowsum leaves dV's terms as they are), so no contraction into an FMA.
+__device__ __forceinline__ float delta(float a, float x, float ac)
+{
+    return __fmul_rn(a, x) - __fmul_rn(ac, finite_or_0(x));
+}
+
 // Adds x (a lane's columns) into row off of a gradient, where any pair was
 // met (so that untouched rows keep their bits).
 __device__ __forceinline__ void add_row(const attn_params &p, const tensor &t, int64_t off, int dim,
@@ -408,88 +415,91 @@ __device__ __forceinline__ void add_row(const attn_params &p, const tensor &t, i
     }
 }
 
-// dQ: a warp per query row (b, i, h); the pairs with a bad row or a bad key.
+// dQ of query row `it` (b, i, h): the pairs with a bad row or a bad key.
 template <typename T>
-__global__ void __launch_bounds__(32 * NB_WARPS) nf_patch_dq(attn_params p, const int *flag, const uint32_t *qbits,
-                                                           const uint32_t *kbits)
+__device__ void patch_dq(const attn_params &p, int64_t it, const uint32_t *qbits, const uint32_t *kbits, int lane)
 {
-    if (!*flag)
-        return;
-    const int lane = threadIdx.x & 31;
-    const int64_t rows = (int64_t)p.B * p.Sq * p.H;
-    for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
-         it += (int64_t)gridDim.x * NB_WARPS) {
-        const int h = (int)(it % p.H), hk = h / p.G;
-        const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
-        const bool bad_row = bit_at(qbits + (b * p.H + h) * q_words(p), i);
-        const uint32_t *kb = kbits + (b * p.Hkv + hk) * bit_words(p);
-        float q[NM], go[NM], k[NM], v[NM], acc[NM] = {};
-        load_row<T>(q, p.q, at(p.q, b, i, h), p.D, lane);
-        load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
-        const float lse = p.lse[b * p.lsb + h * p.lsh + i], dr = p.drow[b * p.drb + h * p.drh + i];
-        bool any = false;
-        band_ranges<false>(p, i, [&](int64_t lo, int64_t hi) {
-            each(lo, hi, bad_row, kb, [&](int64_t j) {
-                load_row<T>(k, p.k, at(p.k, b, j, hk), p.D, lane);
-                load_row<T>(v, p.v, at(p.v, b, j, hk), p.Dv, lane);
+    const int h = (int)(it % p.H), hk = h / p.G;
+    const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
+    const bool bad_row = bit_at(qbits + (b * p.H + h) * q_words(p), i);
+    const uint32_t *kb = kbits + (b * p.Hkv + hk) * bit_words(p);
+    float q[NM], go[NM], k[NM], v[NM], acc[NM] = {};
+    load_row<T>(q, p.q, at(p.q, b, i, h), p.D, lane);
+    load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
+    const float lse = p.lse[b * p.lsb + h * p.lsh + i], dr = p.drow[b * p.drb + h * p.drh + i];
+    bool any = false;
+    band_ranges<false>(p, i, [&](int64_t lo, int64_t hi) {
+        each(lo, hi, bad_row, kb, [&](int64_t j) {
+            load_row<T>(k, p.k, at(p.k, b, j, hk), p.D, lane);
+            load_row<T>(v, p.v, at(p.v, b, j, hk), p.Dv, lane);
+            float qk, qkc, dp, dpc;
+            dots(q, k, &qk, &qkc);
+            dots(go, v, &dp, &dpc);
+            const pair_terms t = terms(p, qk, qkc, dp, dpc, lse, dr);
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                acc[m] += delta(t.ds, k[m], t.dsc);
+            any = true;
+        });
+    });
+    if (any)
+        add_row(p, p.dq, at(p.dq, b, i, h), p.D, acc, lane);
+}
+
+// dK and dV of key row `it` (b, j, hk) over the query heads of its group:
+// the pairs with a bad key or a bad row.
+template <typename T>
+__device__ void patch_dkdv(const attn_params &p, int64_t it, const uint32_t *qbits, const uint32_t *kbits, int lane)
+{
+    const int hk = (int)(it % p.Hkv);
+    const int64_t j = (it / p.Hkv) % p.Sk, b = it / p.Hkv / p.Sk;
+    const bool bad_key = bit_at(kbits + (b * p.Hkv + hk) * bit_words(p), j);
+    float k[NM], v[NM], q[NM], go[NM], ak[NM] = {}, av[NM] = {};
+    load_row<T>(k, p.k, at(p.k, b, j, hk), p.D, lane);
+    load_row<T>(v, p.v, at(p.v, b, j, hk), p.Dv, lane);
+    bool any = false;
+    for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
+        const uint32_t *qb = qbits + (b * p.H + h) * q_words(p);
+        band_ranges<true>(p, j, [&](int64_t lo, int64_t hi) {
+            each(lo, hi, bad_key, qb, [&](int64_t i) {
+                load_row<T>(q, p.q, at(p.q, b, i, h), p.D, lane);
+                load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
+                const float lse = p.lse[b * p.lsb + h * p.lsh + i], dr = p.drow[b * p.drb + h * p.drh + i];
                 float qk, qkc, dp, dpc;
                 dots(q, k, &qk, &qkc);
                 dots(go, v, &dp, &dpc);
                 const pair_terms t = terms(p, qk, qkc, dp, dpc, lse, dr);
 #pragma unroll
-                for (int m = 0; m < NM; m++)
-                    acc[m] += t.ds * k[m] - t.dsc * finite_or_0(k[m]);
+                for (int m = 0; m < NM; m++) {
+                    ak[m] += delta(t.ds, q[m], t.dsc);
+                    av[m] += delta(t.p, go[m], t.pc);
+                }
                 any = true;
             });
         });
-        if (any)
-            add_row(p, p.dq, at(p.dq, b, i, h), p.D, acc, lane);
+    }
+    if (any) {
+        add_row(p, p.dk, at(p.dk, b, j, hk), p.D, ak, lane);
+        add_row(p, p.dv, at(p.dv, b, j, hk), p.Dv, av, lane);
     }
 }
 
-// dK and dV: a warp per key row (b, j, hk) over the query heads of its
-// group; the pairs with a bad key or a bad row.
+// The patch (returns at once unless flagged), a warp per row: dQ of the
+// query rows first, then dK and dV of the key rows, in one launch.
 template <typename T>
-__global__ void __launch_bounds__(32 * NB_WARPS) nf_patch_dkdv(attn_params p, const int *flag, const uint32_t *qbits,
-                                                             const uint32_t *kbits)
+__global__ void __launch_bounds__(32 * NB_WARPS) nf_patch_bwd(attn_params p, const int *flag, const uint32_t *qbits,
+                                                            const uint32_t *kbits)
 {
     if (!*flag)
         return;
     const int lane = threadIdx.x & 31;
-    const int64_t rows = (int64_t)p.B * p.Sk * p.Hkv;
+    const int64_t nq = (int64_t)p.B * p.Sq * p.H, rows = nq + (int64_t)p.B * p.Sk * p.Hkv;
     for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
          it += (int64_t)gridDim.x * NB_WARPS) {
-        const int hk = (int)(it % p.Hkv);
-        const int64_t j = (it / p.Hkv) % p.Sk, b = it / p.Hkv / p.Sk;
-        const bool bad_key = bit_at(kbits + (b * p.Hkv + hk) * bit_words(p), j);
-        float k[NM], v[NM], q[NM], go[NM], ak[NM] = {}, av[NM] = {};
-        load_row<T>(k, p.k, at(p.k, b, j, hk), p.D, lane);
-        load_row<T>(v, p.v, at(p.v, b, j, hk), p.Dv, lane);
-        bool any = false;
-        for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
-            const uint32_t *qb = qbits + (b * p.H + h) * q_words(p);
-            band_ranges<true>(p, j, [&](int64_t lo, int64_t hi) {
-                each(lo, hi, bad_key, qb, [&](int64_t i) {
-                    load_row<T>(q, p.q, at(p.q, b, i, h), p.D, lane);
-                    load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
-                    const float lse = p.lse[b * p.lsb + h * p.lsh + i], dr = p.drow[b * p.drb + h * p.drh + i];
-                    float qk, qkc, dp, dpc;
-                    dots(q, k, &qk, &qkc);
-                    dots(go, v, &dp, &dpc);
-                    const pair_terms t = terms(p, qk, qkc, dp, dpc, lse, dr);
-#pragma unroll
-                    for (int m = 0; m < NM; m++) {
-                        ak[m] += t.ds * q[m] - t.dsc * finite_or_0(q[m]);
-                        av[m] += t.p * go[m] - t.pc * finite_or_0(go[m]);
-                    }
-                    any = true;
-                });
-            });
-        }
-        if (any) {
-            add_row(p, p.dk, at(p.dk, b, j, hk), p.D, ak, lane);
-            add_row(p, p.dv, at(p.dv, b, j, hk), p.Dv, av, lane);
-        }
+        if (it < nq)
+            patch_dq<T>(p, it, qbits, kbits, lane);
+        else
+            patch_dkdv<T>(p, it - nq, qbits, kbits, lane);
     }
 }
 
@@ -554,15 +564,11 @@ cp_status nf_backward_begin(state *s, attn_params *p)
     cudaError_t e = cudaMemsetAsync(w, 0, nf_backward_workspace(*p), s->stream);
     if (e != cudaSuccess)
         return cuda_fail("cudaMemsetAsync (the non-finite guard)", e);
-    const unsigned gq = grid_for(s, (int64_t)p->B * p->Sq * p->H, NB_WARPS),
-                   gk = grid_for(s, (int64_t)p->B * p->Sk * p->Hkv, NB_WARPS);
-    if (p->dt == CP_DTYPE_BF16) {
-        nf_scan_q<__nv_bfloat16><<<gq, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, qbits);
-        nf_scan_k<__nv_bfloat16><<<gk, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, kbits);
-    } else {
-        nf_scan_q<__half><<<gq, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, qbits);
-        nf_scan_k<__half><<<gk, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, kbits);
-    }
+    const unsigned grid = grid_for(s, (int64_t)p->B * (p->Sq * p->H + p->Sk * p->Hkv), NB_WARPS);
+    if (p->dt == CP_DTYPE_BF16)
+        nf_scan_bwd<__nv_bfloat16><<<grid, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, qbits, kbits);
+    else
+        nf_scan_bwd<__half><<<grid, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, qbits, kbits);
     p->bflag = flag;
     return check_launch("the non-finite guard's scan (backward)");
 }
@@ -573,15 +579,11 @@ cp_status nf_backward_end(state *s, const attn_params &p)
         return CP_SUCCESS;
     const int *flag = p.bflag;
     const uint32_t *qbits = bits_of(flag), *kbits = qbits + qbits_bytes(p) / 4;
-    const unsigned gq = grid_for(s, (int64_t)p.B * p.Sq * p.H, NB_WARPS),
-                   gk = grid_for(s, (int64_t)p.B * p.Sk * p.Hkv, NB_WARPS);
-    if (p.dt == CP_DTYPE_BF16) {
-        nf_patch_dq<__nv_bfloat16><<<gq, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
-        nf_patch_dkdv<__nv_bfloat16><<<gk, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
-    } else {
-        nf_patch_dq<__half><<<gq, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
-        nf_patch_dkdv<__half><<<gk, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
-    }
+    const unsigned grid = grid_for(s, (int64_t)p.B * (p.Sq * p.H + p.Sk * p.Hkv), NB_WARPS);
+    if (p.dt == CP_DTYPE_BF16)
+        nf_patch_bwd<__nv_bfloat16><<<grid, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
+    else
+        nf_patch_bwd<__half><<<grid, 32 * NB_WARPS, 0, s->stream>>>(p, flag, qbits, kbits);
     return check_launch("the non-finite guard's patch (backward)");
 }
 
