@@ -266,71 +266,88 @@ __device__ __forceinline__ float warp_sum(float x)
     return x;
 }
 
-// Whether a lane's part of a head row (dim values of type T at t + off) holds
-// a non-finite value.
-template <typename T>
-__device__ __forceinline__ bool row_bad(const attn_params &p, const tensor &t, int64_t off, int dim, int lane)
+// One tensor the backward's scan reads, as 16-byte chunks (p.vec) or
+// elements: element e is chunk e % per_row of row e / per_row, the rows in
+// (b, s, h) order with h fastest.
+struct scan_span {
+    tensor t;
+    int64_t S, per_row, total;
+    int heads, per;
+};
+
+scan_span span_of(const attn_params &p, const tensor &t, int64_t S, int heads, int dim)
 {
-    const uint16_t *x = static_cast<const uint16_t *>(t.p) + off;
+    scan_span x;
+    x.t = t;
+    x.S = S;
+    x.heads = heads;
+    x.per = p.vec ? 8 : 1;
+    x.per_row = (dim + x.per - 1) / x.per;
+    x.total = (int64_t)p.B * S * heads * x.per_row;
+    return x;
+}
+
+// Whether chunk e of x holds a non-finite value; its row (b, s, h).
+template <typename T>
+__device__ __forceinline__ bool chunk_bad(const scan_span &x, int64_t e, int64_t *b, int64_t *s, int *h)
+{
+    const int64_t r = e / x.per_row;
+    *h = (int)(r % x.heads);
+    *s = (r / x.heads) % x.S;
+    *b = r / x.heads / x.S;
+    const uint16_t *v = static_cast<const uint16_t *>(x.t.p) + at(x.t, *b, *s, *h) + (e % x.per_row) * x.per;
     int cls = 0;
-    if (p.vec) { // whole 16-byte chunks
-        for (int c = lane; c < dim / 8; c += 32) {
-            const uint4 v = *reinterpret_cast<const uint4 *>(x + 8 * c);
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    if (x.per == 8) {
+        const uint4 c = *reinterpret_cast<const uint4 *>(v);
+        const uint32_t w[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                cls |= class16<T>((uint16_t)w[k]) | class16<T>((uint16_t)(w[k] >> 16));
-        }
+        for (int k = 0; k < 4; k++)
+            cls |= class16<T>((uint16_t)w[k]) | class16<T>((uint16_t)(w[k] >> 16));
     } else {
-        for (int d = lane; d < dim; d += 32)
-            cls |= class16<T>(x[d]);
+        cls = class16<T>(*v);
     }
     return cls != 0;
 }
 
-// The scan, a warp per row: query rows (b, i, h) first, then key rows
-// (b, j, hk), in one launch (a ring step's short calls feel every launch).
-// A query row is bad where q, its LSE (NaN or +inf; -inf is a row that sees
+// The scan, a thread per 16-byte chunk of q, k and v, then a thread per
+// query row for its LSE and rowsum, in one launch (a ring step's short
+// calls feel every launch; a chunk per thread keeps the loads in flight). A
+// query row is bad where q, its LSE (NaN or +inf; -inf is a row that sees
 // no key) or its rowsum (not finite where dO or O is not) is; a key row
 // where k or v is (for a list only rows in a band: the others may be memory
 // nobody wrote).
 template <typename T>
-__global__ void __launch_bounds__(32 * NB_WARPS) nf_scan_bwd(attn_params p, int *flag, uint32_t *qbits,
-                                                           uint32_t *kbits)
+__global__ void __launch_bounds__(NF_THREADS) nf_scan_bwd(attn_params p, scan_span sq, scan_span sk, scan_span sv,
+                                                        int *flag, uint32_t *qbits, uint32_t *kbits)
 {
-    const int lane = threadIdx.x & 31;
-    const int64_t nq = (int64_t)p.B * p.Sq * p.H, rows = nq + (int64_t)p.B * p.Sk * p.Hkv;
-    for (int64_t it = (int64_t)blockIdx.x * NB_WARPS + (threadIdx.x >> 5); it < rows;
-         it += (int64_t)gridDim.x * NB_WARPS) {
+    const int64_t n1 = sq.total, n2 = n1 + sk.total, n3 = n2 + sv.total, n = n3 + (int64_t)p.B * p.H * p.Sq;
+    for (int64_t e = (int64_t)blockIdx.x * NF_THREADS + threadIdx.x; e < n; e += (int64_t)gridDim.x * NF_THREADS) {
         bool bad;
-        uint32_t *word;
-        int64_t x;
-        if (it < nq) {
-            const int h = (int)(it % p.H);
-            const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
-            bad = row_bad<T>(p, p.q, at(p.q, b, i, h), p.D, lane);
-            if (lane == 0) {
-                const float l = p.lse[b * p.lsb + h * p.lsh + i], d = p.drow[b * p.drb + h * p.drh + i];
-                bad |= l != l || l == INFINITY || !(fabsf(d) <= 3.402823466e38f);
+        int64_t b, x;
+        int h;
+        uint32_t *bits;
+        if (e < n1) {
+            bad = chunk_bad<T>(sq, e, &b, &x, &h);
+            bits = qbits + (b * p.H + h) * q_words(p);
+        } else if (e < n3) {
+            bad = e < n2 ? chunk_bad<T>(sk, e - n1, &b, &x, &h) : chunk_bad<T>(sv, e - n2, &b, &x, &h);
+            if (bad && p.rects) {
+                const int t = (int)(x / p.rs.by_k.tile);
+                bad = key_in_bands(p, p.rs.by_k.start[t], p.rs.by_k.start[t + 1], x);
             }
-            word = qbits + (b * p.H + h) * q_words(p) + i / 32;
-            x = i;
-        } else {
-            const int64_t e = it - nq;
-            const int hk = (int)(e % p.Hkv);
-            const int64_t j = (e / p.Hkv) % p.Sk, b = e / p.Hkv / p.Sk;
-            if (p.rects) {
-                const int t = (int)(j / p.rs.by_k.tile);
-                if (!key_in_bands(p, p.rs.by_k.start[t], p.rs.by_k.start[t + 1], j))
-                    continue;
-            }
-            bad = row_bad<T>(p, p.k, at(p.k, b, j, hk), p.D, lane) || row_bad<T>(p, p.v, at(p.v, b, j, hk), p.Dv, lane);
-            word = kbits + (b * p.Hkv + hk) * bit_words(p) + j / 32;
-            x = j;
+            bits = kbits + (b * p.Hkv + h) * bit_words(p);
+        } else { // query row (b, h, x), x fastest: the LSE's layout
+            const int64_t r = e - n3;
+            x = r % p.Sq;
+            h = (int)((r / p.Sq) % p.H);
+            b = r / p.Sq / p.H;
+            const float l = p.lse[b * p.lsb + h * p.lsh + x], d = p.drow[b * p.drb + h * p.drh + x];
+            bad = l != l || l == INFINITY || !(fabsf(d) <= 3.402823466e38f);
+            bits = qbits + (b * p.H + h) * q_words(p);
         }
-        if (__any_sync(0xffffffffu, bad) && lane == 0) {
+        if (bad) {
             *flag = 1;
-            atomicOr(word, 1u << (x % 32));
+            atomicOr(bits + x / 32, 1u << (x % 32));
         }
     }
 }
@@ -564,11 +581,13 @@ cp_status nf_backward_begin(state *s, attn_params *p)
     cudaError_t e = cudaMemsetAsync(w, 0, nf_backward_workspace(*p), s->stream);
     if (e != cudaSuccess)
         return cuda_fail("cudaMemsetAsync (the non-finite guard)", e);
-    const unsigned grid = grid_for(s, (int64_t)p->B * (p->Sq * p->H + p->Sk * p->Hkv), NB_WARPS);
+    const scan_span sq = span_of(*p, p->q, p->Sq, p->H, p->D), sk = span_of(*p, p->k, p->Sk, p->Hkv, p->D),
+                    sv = span_of(*p, p->v, p->Sk, p->Hkv, p->Dv);
+    const unsigned grid = grid_for(s, sq.total + sk.total + sv.total + (int64_t)p->B * p->H * p->Sq, NF_THREADS);
     if (p->dt == CP_DTYPE_BF16)
-        nf_scan_bwd<__nv_bfloat16><<<grid, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, qbits, kbits);
+        nf_scan_bwd<__nv_bfloat16><<<grid, NF_THREADS, 0, s->stream>>>(*p, sq, sk, sv, flag, qbits, kbits);
     else
-        nf_scan_bwd<__half><<<grid, 32 * NB_WARPS, 0, s->stream>>>(*p, flag, qbits, kbits);
+        nf_scan_bwd<__half><<<grid, NF_THREADS, 0, s->stream>>>(*p, sq, sk, sv, flag, qbits, kbits);
     p->bflag = flag;
     return check_launch("the non-finite guard's scan (backward)");
 }
