@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// The tensor-core forward's guard against non-finite values (common.cuh,
-// nf_forward_begin / nf_forward_end).
+// The tensor-core kernels' guard against non-finite values (common.cuh):
+// the forward's (nf_forward_begin / nf_forward_end) first, then the
+// backward's (nf_backward_begin / nf_backward_end, below).
 //
 // Inside a key tile that straddles the mask (the causal diagonal, a window
 // edge, a band edge) a hidden pair has P = 0 exactly, and O += P V multiplies
@@ -25,6 +26,22 @@
 //     exact arithmetic gives; it does not depend on the finite terms, so it is
 //     right also after a merge into a running (o, lse) (accumulate).
 // Workspace (nf_forward_workspace): the flag, the row bits, the copy of v.
+//
+// The backward leaks through every operand (dV += P^T dO, dK += dS^T Q,
+// dQ += dS K, dP - D through V, dO and the rowsum D), so it cleans in place
+// instead of copying four tensors:
+//  1. scan (nf_scan_bwd): q, k, v chunk by chunk and the LSE and rowsum of
+//     each query row; a bad row sets the flag and its bit (query rows
+//     [B][H], key rows [B][Hkv]);
+//  2. clean (in the attention kernels, only when flagged: nf_on, nf_clean*):
+//     every Q, dO, K, V tile loaded, non-finite values to +0, and non-finite
+//     rowsums to 0. A pair with no bad row then adds exactly the clean run's
+//     term, a pair with one a finite wrong term;
+//  3. patch (nf_patch_bwd, after the kernels; returns at once unless
+//     flagged): for each pair with a bad row, its exact term (raw rows, the
+//     model's formula) minus its cleaned term goes into dq, dk and dv, each
+//     product rounded on its own so that agreeing terms cancel exactly.
+// Workspace (nf_backward_workspace): the flag and the two sets of row bits.
 #include <type_traits>
 
 #include "common.cuh"
@@ -241,7 +258,7 @@ unsigned grid_for(const state *s, int64_t work, int per_block)
 // Workspace: the flag (FLAG_BYTES), a bit per query row [B][H][words] and one
 // per key row [B][Hkv][words] (bit_words).
 
-constexpr int NB_WARPS = 8; // warps of a block of the backward's kernels: one row each in turn
+constexpr int NB_WARPS = 8; // warps of a block of the backward's patch: one row each in turn
 
 __host__ __device__ inline int64_t q_words(const attn_params &p)
 {
