@@ -46,6 +46,10 @@ constexpr int SCHED_SLOTS = 64;
 // WGMMA_BWD_BY_DEFAULT); PATH_MMA keeps mma.sync.
 enum attn_path { PATH_AUTO = 0, PATH_MMA = 1, PATH_SIMT = 2, PATH_BLAS = 3, PATH_WGMMA = 4 };
 
+// knob.nf_guard: 0 off, 1 on, NF_SCAN_ONLY the scans and patches without the
+// kernels' cleaning (nonfinite.cu; for measuring).
+constexpr int NF_SCAN_ONLY = 2;
+
 struct state {
     int device;
     cudaStream_t user;                // the context's stream (stream 0)

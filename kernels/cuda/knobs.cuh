@@ -33,9 +33,11 @@
     /* 0: the backward ignores cp_kernel_attn_args.drow and computes rowsum(dO * O) in every call                      \
      * (attn.cu; suite gpu-attn-drow-off). */                                                                          \
     KNOB(drow_reuse, "INFINICP_CUDA_DROW", 1, {"0", 0})                                                               \
-    /* 0: the tensor-core forward runs without its non-finite guard (nonfinite.cu; for measuring its cost:          \
-     * a NaN or inf in v then reaches rows that do not see it). */                                                     \
-    KNOB(nf_guard, "INFINICP_CUDA_NF_GUARD", 1, {"0", 0})
+    /* 0: the tensor-core kernels run without their non-finite guard (nonfinite.cu; for measuring its cost:        \
+     * a NaN or inf then reaches rows that do not see it); scan: the guard's scans and patches run but the         \
+     * kernels never clean a tile (to tell the kernels' part of the cost from the rest; wrong for non-finite      \
+     * inputs). */                                                                                                     \
+    KNOB(nf_guard, "INFINICP_CUDA_NF_GUARD", 1, {"0", 0}, {"scan", NF_SCAN_ONLY})
 
 namespace cu {
 

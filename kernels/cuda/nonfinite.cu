@@ -564,16 +564,16 @@ cp_status nf_forward_begin(state *s, attn_params *p)
         nf_scan<__half><<<grid, NF_THREADS, 0, s->stream>>>(*p, c, flag, bits);
         nf_copy<__half><<<grid, NF_THREADS, 0, s->stream>>>(*p, c, flag, vs);
     }
-    p->vflag = flag;
+    p->vflag = s->knob.nf_guard == NF_SCAN_ONLY ? nullptr : flag;
     p->vs = tensor{vs, p->Sk * p->Hkv * p->Dv, (int64_t)p->Hkv * p->Dv, p->Dv};
     return check_launch("the non-finite guard's scan");
 }
 
 cp_status nf_forward_end(state *s, const attn_params &p)
 {
-    if (!p.vflag)
+    if (!p.nf_ws)
         return CP_SUCCESS;
-    const int *flag = p.vflag;
+    const int *flag = static_cast<const int *>(p.nf_ws);
     const uint32_t *bits = bits_of(flag);
     const unsigned grid = grid_for(s, (int64_t)p.B * p.Sq * p.H, 1);
     if (p.dt == CP_DTYPE_BF16)
@@ -605,15 +605,15 @@ cp_status nf_backward_begin(state *s, attn_params *p)
         nf_scan_bwd<__nv_bfloat16><<<grid, NF_THREADS, 0, s->stream>>>(*p, sq, sk, sv, flag, qbits, kbits);
     else
         nf_scan_bwd<__half><<<grid, NF_THREADS, 0, s->stream>>>(*p, sq, sk, sv, flag, qbits, kbits);
-    p->bflag = flag;
+    p->bflag = s->knob.nf_guard == NF_SCAN_ONLY ? nullptr : flag;
     return check_launch("the non-finite guard's scan (backward)");
 }
 
 cp_status nf_backward_end(state *s, const attn_params &p)
 {
-    if (!p.bflag)
+    if (!p.nf_ws)
         return CP_SUCCESS;
-    const int *flag = p.bflag;
+    const int *flag = static_cast<const int *>(p.nf_ws);
     const uint32_t *qbits = bits_of(flag), *kbits = qbits + qbits_bytes(p) / 4;
     const unsigned grid = grid_for(s, (int64_t)p.B * (p.Sq * p.H + p.Sk * p.Hkv), NB_WARPS);
     if (p.dt == CP_DTYPE_BF16)
