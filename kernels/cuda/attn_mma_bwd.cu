@@ -62,7 +62,6 @@ __global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
 
     const int64_t i_first = first_query(p, k0) / BQ * BQ;
     const bool nf = nf_on(p); // the non-finite guard found a value to clean
-    bool kv_clean = !nf;
     for (int gq = 0; gq < p.G; gq++) {
         const int h = hk * p.G + gq;
         for (int64_t i0 = i_first; i0 < p.Sq; i0 += BQ) {
@@ -78,11 +77,10 @@ __global__ void __launch_bounds__(32 * NW) dkdv_mma_kernel(attn_params p)
             }
             cp_async_wait_all();
             __syncthreads();
-            if (nf) { // Q and dO (contiguous), and K and V once
+            if (nf) { // Q and dO (contiguous), and K and V with the first tile
                 nf_clean<T>(Qs, 2 * BQ * PITCH / 8, threadIdx.x, blockDim.x);
-                if (!kv_clean)
+                if (gq == 0 && i0 == i_first)
                     nf_clean<T>(Ks, 2 * BK * PITCH / 8, threadIdx.x, blockDim.x);
-                kv_clean = true;
                 __syncthreads();
             }
 

@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(128) dkdv_rect_kernel(attn_params p)
     const bool nf = nf_on(p);
     for (int e = threadIdx.x; e < BK * (DP / 8); e += blockDim.x) {
         const int rr = e / (DP / 8), c = e % (DP / 8);
-        uint4 *kc = reinterpret_cast<uint4 *>(Ks + rr * PITCH + c * 8), *vc = reinterpret_cast<uint4 *>(Vs + rr * PITCH + c * 8);
+        uint4 *kc = reinterpret_cast<uint4 *>(Ks + rr * PITCH + c * 8);
+        uint4 *vc = reinterpret_cast<uint4 *>(Vs + rr * PITCH + c * 8);
         if (!key_in_bands(p, bs, be, k0 + rr)) {
             *kc = make_uint4(0, 0, 0, 0);
             *vc = make_uint4(0, 0, 0, 0);

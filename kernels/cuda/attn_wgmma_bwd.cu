@@ -755,9 +755,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     adk[nb][e] = adv[nb][e] = 0.0f;
-            if (ntotal > 0) {
+            if (ntotal > 0)
                 mbar_wait(kvfull, (uint32_t)nkv & 1);
-            }
             for (int64_t t = 0; t < ntotal; t++, gt++) {
                 const int h = w.head(t, p.G);
                 const int64_t i0 = w.row(t);

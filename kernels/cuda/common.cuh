@@ -203,7 +203,8 @@ __device__ __forceinline__ tensor v_of(const attn_params &p)
 }
 
 // Whether the backward's kernels pass their tiles over (p.bflag set and
-// flagged): read once per block, after the guard's scan (stream order).
+// flagged; the guard's scan has run before them, in stream order). Kernels
+// whose loops have no register to spare read it again at each tile.
 __device__ __forceinline__ bool nf_on(const attn_params &p)
 {
     return p.bflag && *p.bflag;
@@ -231,7 +232,7 @@ __device__ __forceinline__ uint4 finite8(uint4 x)
 // A float, or +0 where it is not finite (a rowsum(dO * O) the guard clears).
 __device__ __forceinline__ float finite_or_0(float x)
 {
-    return fabsf(x) <= 3.402823466e38f ? x : 0.0f;
+    return isfinite(x) ? x : 0.0f;
 }
 
 // The backward guard's pass over `chunks` 16-byte chunks of 16-bit values at

@@ -83,6 +83,22 @@ __device__ __forceinline__ int class16(uint16_t x)
     return x & 0x8000 ? 4 : 2;
 }
 
+// The classes (class16) of a chunk at v: 8 values (per = 8, one 16-byte
+// load) or one, or-ed together; 0 where all are finite.
+template <typename T>
+__device__ __forceinline__ int chunk_class(const uint16_t *v, int64_t per)
+{
+    if (per != 8)
+        return class16<T>(*v);
+    const uint4 x = *reinterpret_cast<const uint4 *>(v);
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    int cls = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        cls |= class16<T>((uint16_t)w[k]) | class16<T>((uint16_t)(w[k] >> 16));
+    return cls;
+}
+
 // The 16-byte chunks (p.vec) or elements of v's rows, as one index range:
 // element e is chunk c of the row (b, j, hk).
 struct chunks {
@@ -181,17 +197,7 @@ __global__ void __launch_bounds__(NF_THREADS) nf_scan(attn_params p, chunks c, i
             if (!key_in_bands(p, p.rs.by_k.start[t], p.rs.by_k.start[t + 1], a.j))
                 continue;
         }
-        int cls = 0;
-        if (c.per == 8) {
-            const uint4 x = *reinterpret_cast<const uint4 *>(v + a.src);
-            const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                cls |= class16<T>((uint16_t)w[k]) | class16<T>((uint16_t)(w[k] >> 16));
-        } else {
-            cls = class16<T>(v[a.src]);
-        }
-        if (cls) {
+        if (chunk_class<T>(v + a.src, c.per)) {
             *flag = 1;
             atomicOr(bits + (a.b * p.Hkv + a.hk) * nw + a.j / 32, 1u << (a.j % 32));
         }
@@ -313,17 +319,7 @@ __device__ __forceinline__ bool chunk_bad(const scan_span &x, int64_t e, int64_t
     *s = (r / x.heads) % x.S;
     *b = r / x.heads / x.S;
     const uint16_t *v = static_cast<const uint16_t *>(x.t.p) + at(x.t, *b, *s, *h) + (e % x.per_row) * x.per;
-    int cls = 0;
-    if (x.per == 8) {
-        const uint4 c = *reinterpret_cast<const uint4 *>(v);
-        const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            cls |= class16<T>((uint16_t)w[k]) | class16<T>((uint16_t)(w[k] >> 16));
-    } else {
-        cls = class16<T>(*v);
-    }
-    return cls != 0;
+    return chunk_class<T>(v, x.per) != 0;
 }
 
 // The scan, a thread per 16-byte chunk of q, k and v, then a thread per
@@ -359,7 +355,7 @@ __global__ void __launch_bounds__(NF_THREADS) nf_scan_bwd(attn_params p, scan_sp
             h = (int)((r / p.Sq) % p.H);
             b = r / p.Sq / p.H;
             const float l = p.lse[b * p.lsb + h * p.lsh + x], d = p.drow[b * p.drb + h * p.drh + x];
-            bad = l != l || l == INFINITY || !(fabsf(d) <= 3.402823466e38f);
+            bad = l != l || l == INFINITY || !isfinite(d);
             bits = qbits + (b * p.H + h) * q_words(p);
         }
         if (bad) {
