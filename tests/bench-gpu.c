@@ -12,6 +12,9 @@
  * impl,head_dim,seq,batch,heads,causal,fwd_tflops,bwd_tflops
  * with impl "infinicp" (the default backward, dQ added with atomics) and
  * "infinicp-det" (cp_context_config.deterministic = 1).
+ * BENCH_FP8=1 adds "infinicp-fp8": the same shapes' forward with q, k, v in
+ * FP8 E4M3 (values in [-1, 1], descales of 1) and the output in BF16
+ * (bwd_tflops 0: FP8 is forward only); its bf16 row is the one above it.
  * With --csv, BENCH_SHAPES=D:S:causal[,...] keeps only the shapes it lists
  * (e.g. 128:4096:0), and BENCH_RING=1 makes every call one of the CP ring's:
  * the forward merges into an F32 running output (accumulate, as every ring
@@ -114,7 +117,7 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     a.mask = sh->causal ? CP_MASK_CAUSAL : CP_MASK_NONE;
     a.softmax_scale = 1.0 / sqrt((double)sh->D);
     a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse, a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv;
-    a.o_dtype = a.grad_dtype = dt;
+    a.o_dtype = a.grad_dtype = dt == CP_DTYPE_FP8_E4M3 ? CP_DTYPE_BF16 : dt;
     if (ring) {
         a.o_dtype = a.grad_dtype = CP_DTYPE_F32;
         a.accumulate = a.grad_accumulate = 1;
@@ -138,13 +141,14 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
         a.accumulate = 1;
     }
     double tf = time_call(st, 0, &a, reps), tb = INFINITY;
-    if (!fwd_only) {
+    if (!fwd_only && dt != CP_DTYPE_FP8_E4M3) {
         a.o_dtype = dt; /* the backward reads the final output (storage type) */
         tb = time_call(st, 1, &a, reps);
     }
     if (csv) {
         printf("%s,%d,%lld,%d,%d,%d,%.2f,%.2f\n",
                !strcmp(path, "mma-det")    ? "infinicp-det"
+               : !strcmp(path, "fp8")      ? "infinicp-fp8"
                : !strcmp(path, "mma-w8")   ? "infinicp-w8"
                : !strcmp(path, "mma-sync") ? "infinicp-mma"
                                            : "infinicp",
@@ -155,7 +159,12 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
         return;
     }
     printf("%-8s %-5s B=%d H=%-2d D=%-3d S=%-6lld %-6s fwd %8.3f ms %7.1f TFLOP/s   bwd %8.3f ms %7.1f TFLOP/s\n",
-           path, dt == CP_DTYPE_BF16 ? "bf16" : dt == CP_DTYPE_F16 ? "f16" : "f32", sh->B, sh->H, sh->D,
+           path,
+           dt == CP_DTYPE_BF16  ? "bf16"
+           : dt == CP_DTYPE_F16 ? "f16"
+           : dt == CP_DTYPE_F32 ? "f32"
+                                : "fp8",
+           sh->B, sh->H, sh->D,
            (long long)sh->S, sh->causal ? "causal" : "full", tf * 1e3, flops / tf * 1e-12, tb * 1e3,
            2.5 * flops / tb * 1e-12);
     fflush(stdout);
@@ -227,6 +236,23 @@ int main(int argc, char **argv)
     /* room for F32 outputs and gradients (BENCH_RING) */
     void *o = dev(st, n * 4), *dq = dev(st, n * 4), *dk = dev(st, n * 4), *dv = dev(st, n * 4);
     float *lse = dev(st, (size_t)32768 * 32 * 4);
+    void *q8 = NULL, *k8 = NULL, *v8 = NULL;
+    if (csv && getenv("BENCH_FP8") && atoi(getenv("BENCH_FP8"))) {
+        /* E4M3 codes of values in [-1, 1]: exponent fields up to 1.0's */
+        uint8_t *h = malloc(n);
+        uint64_t seed = 9;
+        void **bufs[3] = {&q8, &k8, &v8};
+        for (int t = 0; t < 3; t++) {
+            for (size_t i = 0; i < n; i++) {
+                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+                h[i] = (uint8_t)((seed >> 20) % 0x39 | ((seed >> 40) & 0x80));
+            }
+            *bufs[t] = dev(st, n);
+            ops->copy_2d(st, *bufs[t], n, h, n, n, 1, CP_COPY_HOST_TO_DEVICE);
+        }
+        ops->synchronize(st);
+        free(h);
+    }
     if (csv) {
         fwd_only = getenv("BENCH_FWD_ONLY") != NULL;
         ring = getenv("BENCH_RING") && atoi(getenv("BENCH_RING"));
@@ -239,6 +265,8 @@ int main(int argc, char **argv)
                     if (only && !listed(only, D, S, causal))
                         continue;
                     run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);
+                    if (q8)
+                        run(st, "fp8", CP_DTYPE_FP8_E4M3, &sh, q8, k8, v8, o, dout, dq, dk, dv, lse, reps);
                     /* BENCH_FWD_ONLY: the forward alone (bwd_tflops 0); BENCH_RING: the default kernels only */
                     if (fwd_only || ring)
                         continue;

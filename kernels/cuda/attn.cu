@@ -22,7 +22,11 @@
 // mma.sync also on Hopper), =wgmma the Hopper kernels where they fit; the
 // other variables that pick a kernel variant are listed in knobs.cuh.
 //
-// Workspace: the tensor-core forward needs the non-finite guard's
+// FP8 (E4M3) forwards take the Hopper FP8 kernel (attn_wgmma_fp8.cu) where
+// it fits, else the SIMT kernels.
+//
+// Workspace: the FP8 tensor-core forward needs V transposed and its guard's
+// flag and bits; the 16-bit tensor-core forward needs the non-finite guard's
 // (nonfinite.cu: a flag, a bit per key row and a copy of v; used only by
 // calls with hidden pairs in a tile, sized for every call); the SIMT forward
 // none. The backward needs one float per query row (rowsum(dO * O)); the
@@ -180,8 +184,13 @@ constexpr bool SIMT_RECTS = true;
 
 attn_path choose(const state *s, const attn_params &p, int backward)
 {
-    if (p.dt == CP_DTYPE_FP8_E4M3) // API 1.2: the SIMT forward (the tensor-core FP8 kernels are to come)
-        return !backward && simt_fits(s, p, 0) ? PATH_SIMT : PATH_AUTO;
+    if (p.dt == CP_DTYPE_FP8_E4M3) { // API 1.2, forward only: Hopper's FP8 tensor cores, else SIMT
+        if (backward)
+            return PATH_AUTO;
+        if (s->knob.path != PATH_SIMT && fp8_fits(s, p))
+            return PATH_MMA;
+        return simt_fits(s, p, 0) ? PATH_SIMT : PATH_AUTO;
+    }
     if (p.rects) {
         // API 1.1: the rectangle kernels (mma.sync for 16-bit types, SIMT
         // for F32 and what the tensor-core tiles do not take)
@@ -229,6 +238,8 @@ cp_status workspace_for(const state *s, const attn_params &p, int backward, attn
         n += blas_workspace(p, backward);
     if (path == PATH_MMA && backward)
         n += p.rects ? mma_rect_bwd_workspace(s, p) : mma_bwd_workspace(s, p);
+    if (path == PATH_MMA && p.dt == CP_DTYPE_FP8_E4M3)
+        n += fp8_workspace(p); // V transposed, and the guard's flag and bits
     if (guarded(s, p, path)) // last: attn_backward finds it at n - this
         n += backward ? nf_backward_workspace(p) : nf_forward_workspace(p);
     *bytes = n;
@@ -240,7 +251,8 @@ cp_status unsupported(const attn_params &p, const char *func)
     if (p.dt == CP_DTYPE_FP8_E4M3)
         return fail(CP_ERROR_UNSUPPORTED,
                     "%s: a->dtype = CP_DTYPE_FP8_E4M3 with head_dim %d, head_dim_v %d (the CUDA FP8 forward "
-                    "runs on the SIMT kernels: their tiles must fit in shared memory)",
+                    "runs on Hopper's FP8 tensor cores up to head dim 128, else on the SIMT kernels, whose "
+                    "tiles must fit in shared memory)",
                     func, p.D, p.Dv);
     if (p.rects)
         return fail(CP_ERROR_UNSUPPORTED,
@@ -324,13 +336,15 @@ cp_status attn_forward(void *sp, const cp_kernel_attn_args *a)
     const bool guard = guarded(s, p, path) && hides_pairs(p);
     size_t need;
     workspace_for(s, p, 0, path, &need);
-    if (path == PATH_MMA && !guard)
+    if (path == PATH_MMA && !guard && p.dt != CP_DTYPE_FP8_E4M3)
         need = 0;
     scratch w;
     if ((r = take_workspace(s, a, need, func, &w)) != CP_SUCCESS)
         return r;
     if (path == PATH_BLAS)
         return release(s, &w, blas_forward(s, p, w.base));
+    if (p.dt == CP_DTYPE_FP8_E4M3) // runs its guard itself
+        return release(s, &w, fp8_forward(s, p, w.base));
     // the rectangle launchers run the guard themselves around their kernel
     // (it reads the list they upload)
     if (guard)

@@ -434,6 +434,14 @@ cp_status wgmma_forward(state *s, const attn_params &p);
 // wgmma_backward_atomic is the kernel alone, p.dqa set up and cleared by
 // mma_backward.
 bool wgmma_bwd_fits(const state *s, const attn_params &p);
+// The FP8 (E4M3) forward on Hopper's FP8 tensor cores (attn_wgmma_fp8.cu):
+// head dims up to 128, aligned rows, no rectangle list, on a cc 9.0 device
+// of a build with sm_90a code; its workspace (fp8_workspace) holds the
+// guard's flag and bits and V transposed. Otherwise FP8 runs on the SIMT
+// kernels.
+bool fp8_fits(const state *s, const attn_params &p);
+size_t fp8_workspace(const attn_params &p);
+cp_status fp8_forward(state *s, const attn_params &p, void *ws);
 cp_status wgmma_backward_atomic(state *s, const attn_params &p);
 bool blas_fits(const attn_params &p, int backward);
 size_t blas_workspace(const attn_params &p, int backward);
@@ -481,9 +489,14 @@ size_t mma_rect_bwd_workspace(const state *s, const attn_params &p);
 // the scan; untouched outputs of a flagged call keep the clean run's bits.
 // Both do nothing without p->nf_ws. For a rectangle list, begin runs after
 // rect_upload (the scan reads only key rows in a band).
+// FP8 (attn_wgmma_fp8.cu) fills the flag and bits itself, at the start of
+// its workspace (nf_forward_head_bytes of them, the bits at
+// nf_forward_bits(flag)), and runs nf_forward_end after its kernel.
 size_t nf_forward_workspace(const attn_params &p);
 cp_status nf_forward_begin(state *s, attn_params *p);
 cp_status nf_forward_end(state *s, const attn_params &p);
+size_t nf_forward_head_bytes(const attn_params &p);
+uint32_t *nf_forward_bits(int *flag);
 
 // The backward's guard. In a tile that straddles the mask the tensor cores
 // multiply hidden pairs too: 0 x a non-finite dO reaches dV, 0 x Q dK,

@@ -233,9 +233,12 @@ __device__ __forceinline__ int key_limit(const attn_params &p, int64_t k0, int64
 // POS (only where p.c > 0): the maximum is taken over the raw scores and
 // scaled once, and each probability is 2^(s c - m) with one fused
 // multiply-add, instead of scaling every score first.
+// softmax_tile_c takes the scale sc in place of p.c (the FP8 kernel folds
+// its descales into it).
 template <int NB, bool POS = false>
-__device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                             const attn_params &p, bool masked, int64_t k0, int64_t row, int tq)
+__device__ __forceinline__ void softmax_tile_c(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                               const attn_params &p, float sc, bool masked, int64_t k0, int64_t row,
+                                               int tq)
 {
     int lim[2] = {8 * NB, 8 * NB};
     if (masked)
@@ -245,7 +248,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], f
     for (int nb = 0; nb < NB; nb++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            float x = POS ? s[nb][c] : s[nb][c] * p.c;
+            float x = POS ? s[nb][c] : s[nb][c] * sc;
             if (masked)
                 x = nb * 8 + 2 * tq + (c & 1) < lim[c >> 1] ? x : -INFINITY;
             s[nb][c] = x;
@@ -254,7 +257,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], f
     float mu[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const float mnew = fmaxf(m[r], POS ? quad_max(mx[r]) * p.c : quad_max(mx[r]));
+        const float mnew = fmaxf(m[r], POS ? quad_max(mx[r]) * sc : quad_max(mx[r]));
         mu[r] = mnew == -INFINITY ? 0.0f : mnew; // no key seen yet: 2^(-inf - 0) = 0
         alpha[r] = exp2_fast(m[r] - mu[r]);
         m[r] = mnew;
@@ -264,9 +267,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], f
     for (int nb = 0; nb < NB; nb++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            s[nb][c] = exp2_fast(POS ? fmaf(s[nb][c], p.c, -mu[c >> 1]) : s[nb][c] - mu[c >> 1]);
+            s[nb][c] = exp2_fast(POS ? fmaf(s[nb][c], sc, -mu[c >> 1]) : s[nb][c] - mu[c >> 1]);
             l[c >> 1] += s[nb][c];
         }
+}
+
+template <int NB, bool POS = false>
+__device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             const attn_params &p, bool masked, int64_t k0, int64_t row, int tq)
+{
+    softmax_tile_c<NB, POS>(s, m, l, alpha, p, p.c, masked, k0, row, tq);
 }
 
 template <int NB>

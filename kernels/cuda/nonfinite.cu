@@ -219,13 +219,24 @@ __global__ void __launch_bounds__(NF_THREADS) nf_copy(attn_params p, chunks c, c
     }
 }
 
+// Class (class16) of element i of v: 16-bit, or E4M3 (NaN only: bits 0..6
+// all set; it has no infinities).
+template <typename T>
+__device__ __forceinline__ int v_class(const void *v, int64_t i)
+{
+    if constexpr (std::is_same<T, __nv_fp8_e4m3>::value)
+        return (static_cast<const uint8_t *>(v)[i] & 0x7f) == 0x7f;
+    else
+        return class16<T>(static_cast<const uint16_t *>(v)[i]);
+}
+
 // One block per output row (b, i, h) in turn, a thread per column d.
 template <typename T>
 __global__ void __launch_bounds__(128) nf_patch(attn_params p, const int *flag, const uint32_t *bits)
 {
     if (!*flag)
         return;
-    const uint16_t *v = static_cast<const uint16_t *>(p.v.p);
+    const void *v = p.v.p;
     const int64_t nw = bit_words(p), rows = (int64_t)p.B * p.Sq * p.H;
     for (int64_t it = blockIdx.x; it < rows; it += gridDim.x) {
         const int h = (int)(it % p.H), hk = h / p.G;
@@ -234,7 +245,7 @@ __global__ void __launch_bounds__(128) nf_patch(attn_params p, const int *flag, 
         for (int d = threadIdx.x; d < p.Dv; d += blockDim.x) {
             int cls = 0; // the classes of the flagged key rows row i sees, at column d
             band_ranges<false>(p, i, [&](int64_t lo, int64_t hi) {
-                each(lo, hi, false, bw, [&](int64_t j) { cls |= class16<T>(v[at(p.v, b, j, hk) + d]); });
+                each(lo, hi, false, bw, [&](int64_t j) { cls |= v_class<T>(v, at(p.v, b, j, hk) + d); });
             });
             if (!cls)
                 continue;
@@ -535,6 +546,16 @@ __global__ void __launch_bounds__(32 * NB_WARPS) nf_patch_bwd(attn_params p, con
 
 } // namespace
 
+size_t nf_forward_head_bytes(const attn_params &p)
+{
+    return FLAG_BYTES + bits_bytes(p);
+}
+
+uint32_t *nf_forward_bits(int *flag)
+{
+    return bits_of(flag);
+}
+
 size_t nf_forward_workspace(const attn_params &p)
 {
     return FLAG_BYTES + bits_bytes(p) + round_up((size_t)p.B * (size_t)p.Sk * (size_t)p.Hkv * (size_t)p.Dv * 2);
@@ -574,6 +595,8 @@ cp_status nf_forward_end(state *s, const attn_params &p)
     const unsigned grid = grid_for(s, (int64_t)p.B * p.Sq * p.H, 1);
     if (p.dt == CP_DTYPE_BF16)
         nf_patch<__nv_bfloat16><<<grid, 128, 0, s->stream>>>(p, flag, bits);
+    else if (p.dt == CP_DTYPE_FP8_E4M3)
+        nf_patch<__nv_fp8_e4m3><<<grid, 128, 0, s->stream>>>(p, flag, bits);
     else
         nf_patch<__half><<<grid, 128, 0, s->stream>>>(p, flag, bits);
     return check_launch("the non-finite guard's patch");

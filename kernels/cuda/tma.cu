@@ -80,6 +80,8 @@ bool make_map(CUtensorMap *map, int (&pos)[3], const tensor &t, cp_dtype dt, int
               int rows)
 {
     axis ax[3] = {{n, t.ss, (uint32_t)rows, 0}, {nh, t.sh, 1, 1}, {nb, t.sb, 1, 2}};
+    if (dt == CP_DTYPE_FP8_E4M3) // 128 one-byte columns a box: the same 128-byte rows
+        return encode(map, pos, t.p, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, dim, 128, ax, CU_TENSOR_MAP_SWIZZLE_128B);
     const CUtensorMapDataType type =
         dt == CP_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     return encode(map, pos, t.p, type, 2, dim, 64, ax, CU_TENSOR_MAP_SWIZZLE_128B);

@@ -49,7 +49,8 @@ struct tmaps {
 
 // Map *map over columns [0, dim) x rows [0, n) x heads [0, nh) x batches
 // [0, nb) of the 16-bit tensor t, in boxes of 64 columns x `rows` rows,
-// 128-byte swizzled (the layout of load_sw). False where no map describes t
+// 128-byte swizzled (the layout of load_sw); of the FP8 one (dt
+// CP_DTYPE_FP8_E4M3), boxes of 128 columns, the same 128-byte rows. False where no map describes t
 // (a dimension of more than one index with a stride of 0 or below, not a
 // multiple of 16 bytes, or beyond what the copy engine takes); the caller
 // then loads with cp.async.
@@ -462,6 +463,28 @@ __device__ __forceinline__ void mma_rs(float (&d)[16][4], const uint32_t (&a)[4]
 }
 #undef CP_WG_RS_ASM
 #undef CP_WG_RS_BODY
+
+// FP8 (E4M3) products, N = 128, one k32 step (fp32 accumulators; FP8
+// operands are K-major only). mma_ss_e4m3: d (+)= A B, both operands in
+// shared memory; mma_rs_e4m3: d += A B, A in registers (per warp the A
+// fragment of mma.sync's m16n8k32: register 0 row g, k 4 tq .. 4 tq + 3;
+// 1 row g + 8, the same k; 2 and 3 the same with k + 16; lowest byte first).
+__device__ __forceinline__ void mma_ss_e4m3(float (&d)[16][4], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " CP_WG_R64 ", %64, %65, p, 1, 1;\n}\n"
+                 : CP_WG_D16(d)
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void mma_rs_e4m3(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " CP_WG_R64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1;\n"
+                 : CP_WG_D16(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
 #undef CP_WG_SS_BODY
 #undef CP_WG_TYPED
 #undef CP_WG_R16

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """FP8 E4M3 (API 1.2) with PyTorch's torch.float8_e4m3fn on CPU contexts
-and on one GPU (the SIMT kernels): the plan's forward
+and on one GPU (on Hopper the FP8 tensor-core kernel, elsewhere the SIMT
+kernels): the plan's forward
 and infinicp.torch.attention against a float64 reference of the decoded
 values times the descales (per tensor and per head), bfloat16 outputs,
 and the refusal of FP8 under autograd. Skipped without PyTorch, or with a
@@ -19,6 +20,12 @@ import infinicp  # noqa: E402
 import infinicp.torch as icpt  # noqa: E402
 from infinicp import Status  # noqa: E402
 from refattn import TOL, reference, rel_rms  # noqa: E402
+
+
+# On Hopper the FP8 kernel rounds the probabilities to E4M3 before P V
+# (within 2^-4 relative, round to nearest: an RMS of at most 2^-4 / sqrt(3)
+# of each), on top of the BF16 output's rounding.
+TOL_CUDA_FP8 = 2.0 ** -4 / np.sqrt(3) + TOL["bfloat16"]
 
 
 def fp8(rng, shape, amp):
@@ -83,4 +90,4 @@ def test_attention_float8(mode, per_head, device):
 
     outs = infinicp.run_ranks(P, rank_main)
     got = icpt.gather(outs, "zigzag", cp_size=P).to(torch.float64).numpy()
-    assert rel_rms(got, ref["out"]) <= TOL["bfloat16"]
+    assert rel_rms(got, ref["out"]) <= (TOL_CUDA_FP8 if device == "cuda" else TOL["bfloat16"])
