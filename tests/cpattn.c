@@ -222,8 +222,12 @@ static void rank_main(world_rank *r, void *arg)
     if (world_fail(r, s, "cp_attn_forward_ex") != CP_SUCCESS)
         goto free_all;
     if (!fp8) {
+        if (c->bwd_hook)
+            c->bwd_hook(ctx, 0, c->bwd_hook_arg);
         s = cp_attn_backward_ex(r->fx.plan, dev[BQ], dev[BK], dev[BV], dev[BO], dev[BLSE], dev[BDOUT], dev[BDQ],
                                 dev[BDK], dev[BDV], &x);
+        if (c->bwd_hook && s == CP_SUCCESS)
+            c->bwd_hook(ctx, 1, c->bwd_hook_arg);
         if (world_fail(r, s, "cp_attn_backward_ex") != CP_SUCCESS)
             goto free_all;
     }

@@ -44,6 +44,11 @@ typedef struct cpattn_cfg {
     /* Where each rank's context is: NULL for a context of one thread on
      * cprun_device, else a pretend device of the suite's. */
     const fixture_device *device;
+    /* Called on each rank's context right before (after = 0) and right
+     * after (after = 1) its backward call, NULL for none: a suite counts
+     * what made the host wait there. */
+    void (*bwd_hook)(cp_context *ctx, int after, void *arg);
+    void *bwd_hook_arg;
 } cpattn_cfg;
 
 /* Global data in double ([B][S][heads][dim], lse [B][H][S]): the inputs

@@ -26,6 +26,7 @@ typedef enum op_kind {
     OP_ATTN_BACKWARD,
     OP_MERGE,
     OP_ROW_DOT,
+    OP_SINK_GRAD,
     OP_WAIT
 } op_kind;
 
@@ -53,6 +54,11 @@ typedef struct op {
             int64_t batch, seq, sb, ss, sh;
             int32_t heads, dim;
         } dot; /* row_dot: d = dst, x = src, type dtype */
+        struct {
+            const float *lse, *rows;
+            int64_t batch, seq;
+            int32_t heads;
+        } sink; /* sink_grad: g = dst, sinks = src */
     } k;
 } op;
 
@@ -161,6 +167,9 @@ static cp_status run_op(const stream *s, const op *o)
         return cpu->attn_backward(s->cpu, &o->k.attn);
     case OP_MERGE:
         return cpu->merge(s->cpu, &o->k.merge);
+    case OP_SINK_GRAD:
+        return cpu->sink_grad(NULL, o->dst, o->src, o->k.sink.lse, o->k.sink.rows, o->k.sink.batch, o->k.sink.seq,
+                              o->k.sink.heads);
     case OP_ROW_DOT:
         return cpu->row_dot(NULL, o->dst, o->src, o->k.dot.y, o->dtype, o->k.dot.batch, o->k.dot.seq,
                             o->k.dot.heads, o->k.dot.dim, o->k.dot.sb, o->k.dot.ss, o->k.dot.sh);
@@ -520,6 +529,18 @@ static cp_status fa_row_dot(void *p, float *d, const void *x, const void *y, cp_
     return enqueue(p, &o);
 }
 
+static cp_status fa_sink_grad(void *p, float *g, const float *sinks, const float *lse, const float *rows,
+                              int64_t batch, int64_t seq, int32_t heads)
+{
+    op o = { .kind = OP_SINK_GRAD, .dst = g, .src = sinks };
+    o.k.sink.lse = lse;
+    o.k.sink.rows = rows;
+    o.k.sink.batch = batch;
+    o.k.sink.seq = seq;
+    o.k.sink.heads = heads;
+    return enqueue(p, &o);
+}
+
 static cp_status fa_stream_select(void *p, int index)
 {
     state *st = p;
@@ -620,6 +641,7 @@ static const cp_backend_ops ops = {
     .event_wait = fa_event_wait,
     .kernel_args_size = sizeof(cp_kernel_attn_args), /* the CPU kernels: windows, softcaps, rectangles, FP8 */
     .row_dot = fa_row_dot,
+    .sink_grad = fa_sink_grad,
 };
 
 const cp_backend_ops *fakeasync_ops(void)

@@ -48,6 +48,7 @@
 
 #include "attn/ring.h"
 #include "attn_model.h"
+#include "core/context.h"
 #include "cpattn.h"
 #include "cpref.h"
 #include "cprun.h"
@@ -427,18 +428,44 @@ static void close_pretend(cp_context *ctx, void *arg)
 /*
  * Sinks on a device context: the forward's merge of the sinks through the
  * backend's merge (their rows filled on the device), the gradient's rowsums
- * through its row_dot and the sum on the host. The pretend device runs the
- * CPU kernels on streams of its own, so a copy that the code forgot, or
- * ordered wrongly, shows as wrong results; every mode, dense and packed,
- * against the FP64 model with the CPU's bounds. On the GPU build the whole
- * matrix runs sinks on the GPU already.
+ * through its row_dot and their sum through its sink_grad. The pretend
+ * device runs the CPU kernels on streams of its own, so a copy that the
+ * code forgot, or ordered wrongly, shows as wrong results; every mode,
+ * dense and packed, against the FP64 model with the CPU's bounds. And the
+ * backward never makes the host wait for the device (no synchronize, no
+ * copy to or from host memory; the plan's own workspace may be allocated
+ * by the first call): before the sum moved to the device it waited once
+ * per backward, for the whole of it. On the GPU build the whole matrix
+ * runs sinks on the GPU already.
  */
+#define SINK_RANKS 8
+typedef struct bwd_waits {
+    fakeasync_waits before[SINK_RANKS];
+    unsigned long sync[SINK_RANKS], copies[SINK_RANKS];
+} bwd_waits;
+
+static void count_bwd_waits(cp_context *ctx, int after, void *arg)
+{
+    bwd_waits *w = arg;
+    const int r = ctx->device_index;
+    if (r < 0 || r >= SINK_RANKS)
+        return;
+    const fakeasync_waits now = fakeasync_host_waits(ctx->state);
+    if (!after) {
+        w->before[r] = now;
+        return;
+    }
+    w->sync[r] += now.synchronize - w->before[r].synchronize;
+    w->copies[r] += now.host_copy - w->before[r].host_copy;
+}
+
 static void test_sinks_on_a_device(void **state)
 {
     (void)state;
     if (cprun_device != CP_DEVICE_CPU)
         skip();
     static const fixture_device fake = { open_pretend, close_pretend, NULL };
+    bwd_waits waits;
     uint64_t s = 0x5555;
     int runs = 0;
     for (int mode = 0; mode < 4; mode++)
@@ -447,14 +474,20 @@ static void test_sinks_on_a_device(void **state)
                              .dtype = layout == 1 ? CP_DTYPE_BF16 : CP_DTYPE_F32, .format = CP_FORMAT_BSHD,
                              .mask = CP_MASK_CAUSAL, .P = 4, .B = 1, .S = 64, .H = 4,
                              .Hkv = mode == CP_MODE_A2A ? 4 : 2, .D = 16, .Dv = 16, .sinks = 1, .ndocs = 1,
-                             .device = &fake };
+                             .device = &fake, .bwd_hook = count_bwd_waits, .bwd_hook_arg = &waits };
             c.A = c.mode == CP_MODE_A2A_P2P ? 2 : 1;
             if (c.layout == CP_LAYOUT_PACKED)
                 c.ndocs = random_docs(&s, c.S, 4, c.cu, 8);
             c.window = layout == 2 ? 9 : 0;
             if (!mode_ok(&c))
                 continue;
+            memset(&waits, 0, sizeof waits);
             check_cfg(&c, rng_next(&s));
+            for (int r = 0; r < c.P && r < SINK_RANKS; r++)
+                if (waits.sync[r] || waits.copies[r])
+                    fail_msg("%s, layout %d, sinks: rank %d's backward made the host wait for the device: %lu "
+                             "synchronize, %lu copies with host memory",
+                             cpattn_mode_name(c.mode), layout, r, waits.sync[r], waits.copies[r]);
             runs++;
         }
     print_message("sinks on the pretend device: %d configurations at CP=1 and CP=P\n", runs);

@@ -184,6 +184,22 @@ typedef struct cp_backend_ops {
      */
     cp_status (*row_dot)(void *state, float *d, const void *x, const void *y, cp_dtype t, int64_t batch,
                          int64_t seq, int32_t heads, int32_t dim, int64_t sb, int64_t ss, int64_t sh);
+
+    /**
+     * The attention sinks' gradient, summed on the device (API 1.2,
+     * optional): for h < heads,
+     * g[h] = -sum over b < batch, i < seq of exp(sinks[h] - lse[j]) *
+     * rows[j], j = (b * heads + h) * seq + i, leaving out the rows whose
+     * lse is -inf (they saw no key and no sink); the sum in at least fp32,
+     * in an order that does not change from call to call, NaN staying NaN.
+     * g, sinks (heads floats) and lse, rows (dense, batch x heads x seq)
+     * are device memory; g is written, not added to. Ordered on the
+     * current stream like every kernel: the host does not wait. Without
+     * this slot the core copies rows and lse to the host and sums there
+     * (one wait for the device per backward with sinks).
+     */
+    cp_status (*sink_grad)(void *state, float *g, const float *sinks, const float *lse, const float *rows,
+                           int64_t batch, int64_t seq, int32_t heads);
 } cp_backend_ops;
 
 /** Streams a device backend offers through cp_backend_ops.stream_select. */

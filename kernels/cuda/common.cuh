@@ -400,6 +400,10 @@ __device__ __forceinline__ void store_grad(void *o, cp_dtype t, int64_t i, float
 cp_status launch_convert(state *s, void *dst, cp_dtype dt, const void *src, cp_dtype st, size_t n);
 cp_status launch_reduce(state *s, void *acc, const void *x, cp_dtype t, size_t n, cp_reduce_op op);
 cp_status launch_merge(state *s, const cp_kernel_merge_args *a);
+// The attention sinks' gradient (cp_backend_ops.sink_grad): a block per
+// head, fp64 sums in a fixed order (the same bits every call).
+cp_status launch_sink_grad(state *s, float *g, const float *sinks, const float *lse, const float *rows,
+                           int64_t batch, int64_t seq, int heads);
 // drow[b][h][i] = sum_d dout * o for every query row of p.
 cp_status launch_drow(state *s, const attn_params &p);
 // height rows of width bytes between device buffers of this device, by a

@@ -185,6 +185,45 @@ cp_status launch_convert(state *s, void *dst, cp_dtype dt, const void *src, cp_d
     return check_launch("convert kernel");
 }
 
+// g[h] = -sum over (b, i) of exp(sinks[h] - lse) * rows, rows whose LSE is
+// -inf left out; a block per head, each thread a fixed stride of its rows,
+// then a tree in shared memory: the order never changes.
+constexpr int SG_THREADS = 256;
+
+__global__ void __launch_bounds__(SG_THREADS) sink_grad_kernel(float *g, const float *sinks, const float *lse,
+                                                               const float *rows, int64_t batch, int64_t seq,
+                                                               int heads)
+{
+    __shared__ double part[SG_THREADS];
+    const int h = blockIdx.x;
+    const double sink = sinks[h];
+    double sum = 0;
+    for (int64_t e = threadIdx.x; e < batch * seq; e += SG_THREADS) {
+        const int64_t b = e / seq, i = e - b * seq;
+        const size_t at = ((size_t)b * (size_t)heads + (size_t)h) * (size_t)seq + (size_t)i;
+        const float l = lse[at];
+        if (l == -INFINITY)
+            continue; // no key and no sink weight
+        sum -= exp(sink - (double)l) * (double)rows[at];
+    }
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    for (int w = SG_THREADS / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        g[h] = (float)part[0];
+}
+
+cp_status launch_sink_grad(state *s, float *g, const float *sinks, const float *lse, const float *rows,
+                           int64_t batch, int64_t seq, int heads)
+{
+    sink_grad_kernel<<<(unsigned)heads, SG_THREADS, 0, s->stream>>>(g, sinks, lse, rows, batch, seq, heads);
+    return check_launch("sink gradient kernel");
+}
+
 cp_status launch_reduce(state *s, void *acc, const void *x, cp_dtype t, size_t n, cp_reduce_op op)
 {
     reduce_kernel<<<grid_for(n, 256), 256, 0, s->stream>>>(acc, x, t, n, op);

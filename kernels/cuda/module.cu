@@ -265,6 +265,20 @@ cp_status cu_merge(void *p, const cp_kernel_merge_args *a)
 
 // The sinks' rowsums (API 1.2): the backward's rowsum(dO * O) kernel, on a
 // problem that holds just these rows.
+cp_status cu_sink_grad(void *p, float *g, const float *sinks, const float *lse, const float *rows, int64_t batch,
+                       int64_t seq, int32_t heads)
+{
+    state *s = st(p);
+    if (batch <= 0 || seq <= 0 || heads <= 0 || !g || !sinks || !lse || !rows)
+        return fail(CP_ERROR_INVALID_ARGUMENT,
+                    "cuda sink_grad: batch %lld, seq %lld, heads %d (must be > 0), g %p, sinks %p, lse %p, rows %p "
+                    "(must not be NULL)",
+                    (long long)batch, (long long)seq, heads, (void *)g, (const void *)sinks, (const void *)lse,
+                    (const void *)rows);
+    cp_status r = use_device(s);
+    return r != CP_SUCCESS ? r : launch_sink_grad(s, g, sinks, lse, rows, batch, seq, heads);
+}
+
 cp_status cu_row_dot(void *p, float *d, const void *x, const void *y, cp_dtype t, int64_t batch, int64_t seq,
                      int32_t heads, int32_t dim, int64_t sb, int64_t ss, int64_t sh)
 {
@@ -413,6 +427,7 @@ cp_backend_ops make_ops()
     o.kernel_args_size = sizeof(cp_kernel_attn_args);
     // the attention sinks' gradient on the device (API 1.2)
     o.row_dot = cu_row_dot;
+    o.sink_grad = cu_sink_grad;
     return o;
 }
 

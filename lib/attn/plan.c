@@ -98,8 +98,9 @@ static cp_status check_desc(const cp_attn_desc *d)
 
 /* What API 1.1 and 1.2 ask of the context's backend: kernels that
  * understand windows, softcaps and rectangles, and FP8 inputs with their
- * descales (cp_backend_ops.kernel_args_size), and, for sinks, host memory
- * (sinks.c works on the host). */
+ * descales (cp_backend_ops.kernel_args_size), and, for sinks on a device,
+ * the rowsums of row_dot (sinks.c; sink_grad, which sums them on the
+ * device, is optional). */
 static cp_status check_backend(const cp_attn_plan *p)
 {
     static const char *f = "cp_attn_plan_create";

@@ -12,10 +12,11 @@
  * On the CPU all of it is host code. On a device the forward is the
  * backend's merge of a part whose output is 0 and whose LSE is the sink
  * (rows filled by copies on the device), so nothing waits; the backward
- * takes the rowsums with the backend's row_dot, copies them and the LSE to
- * the host (one wait per backward) and sums there: H numbers need no
- * kernel of their own. plan.c refuses sinks on a device backend without
- * row_dot.
+ * takes the rowsums with the backend's row_dot and sums them on the device
+ * with its sink_grad, so nothing waits either. A backend without sink_grad
+ * (a module built against an earlier 1.2) gets the sum on the host: the
+ * rowsums and the LSE copied back, one wait per backward. plan.c refuses
+ * sinks on a device backend without row_dot.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -132,7 +133,8 @@ size_t cpi_sinks_grad_bytes(const cp_attn_plan *p)
     return (size_t)p->desc.batch * (size_t)p->desc.num_heads * (size_t)p->s_loc * sizeof(float);
 }
 
-/* The device's gradient: rowsums by row_dot into ws, then on the host. */
+/* The device's gradient: rowsums by row_dot into ws, then summed by the
+ * backend's sink_grad, or on the host without one. */
 static cp_status grad_on_device(const cp_attn_plan *p, const void *out, const void *dout, const float *lse,
                                 const float *sinks, float *dsinks, void *ws, size_t ws_bytes)
 {
@@ -147,6 +149,8 @@ static cp_status grad_on_device(const cp_attn_plan *p, const void *out, const vo
     int64_t sb, ss, sh;
     cpi_tensor_strides(p, &o, &sb, &ss, &sh);
     CPI_TRY(ops->row_dot(st, ws, dout, out, d->dtype, d->batch, p->s_loc, d->num_heads, d->head_dim_v, sb, ss, sh));
+    if (CP_BACKEND_HAS(ops, sink_grad)) /* in stream order, like the rest of the backward */
+        return ops->sink_grad(st, dsinks, sinks, lse, ws, d->batch, p->s_loc, d->num_heads);
     float *rows = malloc(bytes), *l = malloc(bytes), *sk = malloc(hb), *g = malloc(hb);
     cp_status s = rows && l && sk && g ? CP_SUCCESS : CP_ERROR_OUT_OF_MEMORY;
     if (s == CP_SUCCESS)

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The built-in CPU backend: host memory, and the kernels of kernels/cpu. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -98,6 +99,25 @@ static cp_status cpu_row_dot(void *state, float *d, const void *x, const void *y
     return CP_SUCCESS;
 }
 
+/* In double, rows in order: the sum sinks.c's host code takes. */
+static cp_status cpu_sink_grad(void *state, float *g, const float *sinks, const float *lse, const float *rows,
+                               int64_t batch, int64_t seq, int32_t heads)
+{
+    (void)state;
+    for (int32_t h = 0; h < heads; h++) {
+        double sum = 0;
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t i = 0; i < seq; i++) {
+                const size_t at = ((size_t)b * (size_t)heads + (size_t)h) * (size_t)seq + (size_t)i;
+                if (lse[at] == -INFINITY)
+                    continue; /* no key and no sink weight */
+                sum -= exp((double)sinks[h] - (double)lse[at]) * (double)rows[at];
+            }
+        g[h] = (float)sum;
+    }
+    return CP_SUCCESS;
+}
+
 static const cp_backend_ops cpu_ops = {
     .abi_version = CP_MODULE_ABI_VERSION,
     .struct_size = sizeof(cp_backend_ops),
@@ -122,6 +142,7 @@ static const cp_backend_ops cpu_ops = {
     /* windows, softcaps and rectangle lists (API 1.1) */
     .kernel_args_size = sizeof(cp_kernel_attn_args),
     .row_dot = cpu_row_dot,
+    .sink_grad = cpu_sink_grad,
 };
 
 const cp_backend_ops *cpi_cpu_backend(void)
