@@ -26,6 +26,9 @@
 //     exact arithmetic gives; it does not depend on the finite terms, so it is
 //     right also after a merge into a running (o, lse) (accumulate).
 // Workspace (nf_forward_workspace): the flag, the row bits, the copy of v.
+// The FP8 forward (attn_wgmma_fp8.cu) does steps 1 and 2 itself, in the
+// transposed copy of v its kernel reads anyway (E4M3 has NaN codes, no
+// infinities), and then runs step 3 (nf_forward_end; v_class).
 //
 // The backward leaks through every operand (dV += P^T dO, dK += dS^T Q,
 // dQ += dS K, dP - D through V, dO and the rowsum D), so it cleans in place
