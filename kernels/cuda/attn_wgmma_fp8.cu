@@ -86,7 +86,6 @@ __global__ void __launch_bounds__(VT_THREADS) fp8_vt(attn_params p, uint8_t *vt,
     const int64_t b = blockIdx.x / nkb / p.Hkv;
     const int64_t j0 = kb * VT_KEYS;
     const uint8_t *v = static_cast<const uint8_t *>(p.v.p);
-    const int64_t nw = (p.Sk + 31) / 32;
     // read: VT_KEYS rows x 8 chunks of 16 bytes
     for (int e = threadIdx.x; e < VT_KEYS * 8; e += VT_THREADS) {
         const int r = e >> 3, c = e & 7; // key row in the block, chunk
@@ -106,10 +105,8 @@ __global__ void __launch_bounds__(VT_THREADS) fp8_vt(attn_params p, uint8_t *vt,
                     w[k] &= ~((isnan >> 7) * 0xffu);
             }
         }
-        if (nan && guard) {
-            *flag = 1;
-            atomicOr(bits + (b * p.Hkv + hk) * nw + j / 32, 1u << (j % 32));
-        }
+        if (nan && guard)
+            nf_mark_key(p, flag, bits, b, hk, j);
         const int slot = (r & ~31) + fp8_slot(r & 31);
 #pragma unroll
         for (int k = 0; k < 16; k++)
@@ -375,30 +372,40 @@ cp_status fp8_forward(state *s, const attn_params &p0, void *ws)
     uint32_t *bits = nf_forward_bits(flag);
     uint8_t *vt = reinterpret_cast<uint8_t *>(w + nf_forward_head_bytes(p));
     const int guard = s->knob.nf_guard != 0;
-    cudaError_t e = cudaMemsetAsync(w, 0, nf_forward_head_bytes(p), s->stream);
-    if (e != cudaSuccess)
-        return cuda_fail("cudaMemsetAsync (the FP8 forward)", e);
-    const int64_t vblocks = (int64_t)p.B * p.Hkv * (skp / VT_KEYS);
-    if (vblocks > INT32_MAX)
-        return fail(CP_ERROR_UNSUPPORTED, "cp_kernel_attn_forward: FP8 with %" PRId64 " blocks of keys", vblocks);
-    if (vblocks > 0)
-        fp8_vt<<<(unsigned)vblocks, VT_THREADS, 0, s->stream>>>(p, vt, skp, guard, flag, bits);
-    cp_status r = check_launch("the FP8 forward's transposed V");
-    if (r != CP_SUCCESS)
-        return r;
 
+    // First what needs no launch: the tensor maps (where none describes q or
+    // k, a stride the copy engine does not take, the SIMT kernels serve the
+    // call) and the grid of the transpose.
     f8_maps mp;
     const tensor vtt = {vt, (int64_t)p.Hkv * F8_DP * skp, skp, (int64_t)F8_DP * skp};
     if (!wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, F8_BQ) ||
         !wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, F8_BK) ||
-        !wg::make_map(&mp.m[2], mp.pos[2], vtt, p.dt, F8_DP, p.Hkv, p.B, (int)skp, F8_DP))
+        !wg::make_map(&mp.m[2], mp.pos[2], vtt, p.dt, F8_DP, p.Hkv, p.B, (int)skp, F8_DP)) {
+        if (simt_fits(s, p, 0))
+            return simt_forward(s, p);
         return fail(CP_ERROR_UNSUPPORTED,
                     "cp_kernel_attn_forward: FP8 q, k or v that no tensor map describes (strides of %" PRId64
-                    ", %" PRId64 ", %" PRId64 " bytes between rows)",
-                    p.q.ss, p.k.ss, p.v.ss);
+                    ", %" PRId64 ", %" PRId64 " bytes between rows) and head dims %d, %d too large for the SIMT "
+                    "kernels",
+                    p.q.ss, p.k.ss, p.v.ss, p.D, p.Dv);
+    }
+    const int64_t vblocks = (int64_t)p.B * p.Hkv * (skp / VT_KEYS);
+    if (vblocks > INT32_MAX)
+        return fail(CP_ERROR_UNSUPPORTED,
+                    "cp_kernel_attn_forward: FP8 with batch %d, num_kv_heads %d, seq_k %" PRId64
+                    " (%" PRId64 " blocks of keys to transpose, more than one launch takes)",
+                    p.B, p.Hkv, p.Sk, vblocks);
     constexpr int bytes = fp8_smem();
-    r = allow_smem((const void *)fwd_fp8_kernel, bytes, "attention forward (FP8, wgmma)");
+    cp_status r = allow_smem((const void *)fwd_fp8_kernel, bytes, "attention forward (FP8, wgmma)");
     if (r != CP_SUCCESS)
+        return r;
+
+    cudaError_t e = cudaMemsetAsync(w, 0, nf_forward_head_bytes(p), s->stream);
+    if (e != cudaSuccess)
+        return cuda_fail("cudaMemsetAsync (the FP8 forward)", e);
+    if (vblocks > 0)
+        fp8_vt<<<(unsigned)vblocks, VT_THREADS, 0, s->stream>>>(p, vt, skp, guard, flag, bits);
+    if ((r = check_launch("the FP8 forward's transposed V")) != CP_SUCCESS)
         return r;
     const int64_t items = (p.Sq + F8_BQ - 1) / F8_BQ * p.H * p.B;
     if (items > 0) {

@@ -202,6 +202,22 @@ __device__ __forceinline__ tensor v_of(const attn_params &p)
     return p.vflag && *p.vflag ? p.vs : p.v;
 }
 
+// The guard's key-row bits (nonfinite.cu): a 32-bit word per 32 key rows of
+// each (batch, kv head), [B][Hkv][nf_key_words]; nf_mark_key raises the
+// flag and the bit of key row j (the forward's scan, and the FP8 forward's
+// transposed copy of v).
+__host__ __device__ inline int64_t nf_key_words(const attn_params &p)
+{
+    return (p.Sk + 31) / 32;
+}
+
+__device__ __forceinline__ void nf_mark_key(const attn_params &p, int *flag, uint32_t *bits, int64_t b, int hk,
+                                            int64_t j)
+{
+    *flag = 1;
+    atomicOr(bits + (b * p.Hkv + hk) * nf_key_words(p) + j / 32, 1u << (j % 32));
+}
+
 // Whether the backward's kernels pass their tiles over (p.bflag set and
 // flagged; the guard's scan has run before them, in stream order). Kernels
 // whose loops have no register to spare read it again at each tile.

@@ -54,19 +54,13 @@ namespace {
 
 constexpr int NF_THREADS = 256;
 
-// 32-bit words of row bits per (batch, kv head).
-__host__ __device__ inline int64_t bit_words(const attn_params &p)
-{
-    return (p.Sk + 31) / 32;
-}
-
 // The workspace: the flag (in 256 bytes of its own), the row bits, the copy
 // of v.
 constexpr size_t FLAG_BYTES = 256;
 
 size_t bits_bytes(const attn_params &p)
 {
-    return round_up((size_t)p.B * (size_t)p.Hkv * (size_t)bit_words(p) * 4);
+    return round_up((size_t)p.B * (size_t)p.Hkv * (size_t)nf_key_words(p) * 4);
 }
 
 uint32_t *bits_of(const int *flag)
@@ -192,7 +186,6 @@ template <typename T>
 __global__ void __launch_bounds__(NF_THREADS) nf_scan(attn_params p, chunks c, int *flag, uint32_t *bits)
 {
     const uint16_t *v = static_cast<const uint16_t *>(p.v.p);
-    const int64_t nw = bit_words(p);
     for (int64_t e = (int64_t)blockIdx.x * NF_THREADS + threadIdx.x; e < c.total; e += (int64_t)gridDim.x * NF_THREADS) {
         const chunk_at a = locate(p, c, e);
         if (p.rects) { // only rows in a band: the others may be memory nobody wrote
@@ -200,10 +193,8 @@ __global__ void __launch_bounds__(NF_THREADS) nf_scan(attn_params p, chunks c, i
             if (!key_in_bands(p, p.rs.by_k.start[t], p.rs.by_k.start[t + 1], a.j))
                 continue;
         }
-        if (chunk_class<T>(v + a.src, c.per)) {
-            *flag = 1;
-            atomicOr(bits + (a.b * p.Hkv + a.hk) * nw + a.j / 32, 1u << (a.j % 32));
-        }
+        if (chunk_class<T>(v + a.src, c.per))
+            nf_mark_key(p, flag, bits, a.b, a.hk, a.j);
     }
 }
 
@@ -240,7 +231,7 @@ __global__ void __launch_bounds__(128) nf_patch(attn_params p, const int *flag, 
     if (!*flag)
         return;
     const void *v = p.v.p;
-    const int64_t nw = bit_words(p), rows = (int64_t)p.B * p.Sq * p.H;
+    const int64_t nw = nf_key_words(p), rows = (int64_t)p.B * p.Sq * p.H;
     for (int64_t it = blockIdx.x; it < rows; it += gridDim.x) {
         const int h = (int)(it % p.H), hk = h / p.G;
         const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
@@ -276,7 +267,7 @@ unsigned grid_for(const state *s, int64_t work, int per_block)
 // ---- the backward ----------------------------------------------------------
 //
 // Workspace: the flag (FLAG_BYTES), a bit per query row [B][H][words] and one
-// per key row [B][Hkv][words] (bit_words).
+// per key row [B][Hkv][words] (nf_key_words).
 
 constexpr int NB_WARPS = 8; // warps of a block of the backward's patch: one row each in turn
 
@@ -362,7 +353,7 @@ __global__ void __launch_bounds__(NF_THREADS) nf_scan_bwd(attn_params p, scan_sp
                 const int t = (int)(x / p.rs.by_k.tile);
                 bad = key_in_bands(p, p.rs.by_k.start[t], p.rs.by_k.start[t + 1], x);
             }
-            bits = kbits + (b * p.Hkv + h) * bit_words(p);
+            bits = kbits + (b * p.Hkv + h) * nf_key_words(p);
         } else { // query row (b, h, x), x fastest: the LSE's layout
             const int64_t r = e - n3;
             x = r % p.Sq;
@@ -466,7 +457,7 @@ __device__ void patch_dq(const attn_params &p, int64_t it, const uint32_t *qbits
     const int h = (int)(it % p.H), hk = h / p.G;
     const int64_t i = (it / p.H) % p.Sq, b = it / p.H / p.Sq;
     const bool bad_row = bit_at(qbits + (b * p.H + h) * q_words(p), i);
-    const uint32_t *kb = kbits + (b * p.Hkv + hk) * bit_words(p);
+    const uint32_t *kb = kbits + (b * p.Hkv + hk) * nf_key_words(p);
     float q[NM], go[NM], k[NM], v[NM], acc[NM] = {};
     load_row<T>(q, p.q, at(p.q, b, i, h), p.D, lane);
     load_row<T>(go, p.dout, at(p.dout, b, i, h), p.Dv, lane);
@@ -497,7 +488,7 @@ __device__ void patch_dkdv(const attn_params &p, int64_t it, const uint32_t *qbi
 {
     const int hk = (int)(it % p.Hkv);
     const int64_t j = (it / p.Hkv) % p.Sk, b = it / p.Hkv / p.Sk;
-    const bool bad_key = bit_at(kbits + (b * p.Hkv + hk) * bit_words(p), j);
+    const bool bad_key = bit_at(kbits + (b * p.Hkv + hk) * nf_key_words(p), j);
     float k[NM], v[NM], q[NM], go[NM], ak[NM] = {}, av[NM] = {};
     load_row<T>(k, p.k, at(p.k, b, j, hk), p.D, lane);
     load_row<T>(v, p.v, at(p.v, b, j, hk), p.Dv, lane);

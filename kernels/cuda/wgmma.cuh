@@ -50,10 +50,11 @@ struct tmaps {
 // Map *map over columns [0, dim) x rows [0, n) x heads [0, nh) x batches
 // [0, nb) of the 16-bit tensor t, in boxes of 64 columns x `rows` rows,
 // 128-byte swizzled (the layout of load_sw); of the FP8 one (dt
-// CP_DTYPE_FP8_E4M3), boxes of 128 columns, the same 128-byte rows. False where no map describes t
-// (a dimension of more than one index with a stride of 0 or below, not a
-// multiple of 16 bytes, or beyond what the copy engine takes); the caller
-// then loads with cp.async.
+// CP_DTYPE_FP8_E4M3), boxes of 128 columns, the same 128-byte rows. False
+// where no map describes t (a dimension of more than one index with a
+// stride of 0 or below, not a multiple of 16 bytes, or beyond what the copy
+// engine takes); the caller then loads with cp.async (FP8: the SIMT
+// kernels).
 bool make_map(CUtensorMap *map, int (&pos)[3], const tensor &t, cp_dtype dt, int64_t n, int nh, int nb, int dim,
               int rows);
 
