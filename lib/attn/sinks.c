@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "attn/plan.h"
+#include "backend/backend.h"
 #include "core/elem.h"
 
 static bool on_device(const cp_attn_plan *p)
@@ -161,17 +162,8 @@ static cp_status grad_on_device(const cp_attn_plan *p, const void *out, const vo
         s = ops->copy_2d(st, sk, hb, sinks, hb, hb, 1, CP_COPY_DEVICE_TO_HOST);
     if (s == CP_SUCCESS)
         s = ops->synchronize(st);
-    for (int32_t h = 0; s == CP_SUCCESS && h < d->num_heads; h++) {
-        double sum = 0;
-        for (int64_t b = 0; b < d->batch; b++)
-            for (int64_t i = 0; i < p->s_loc; i++) {
-                const size_t at = ((size_t)b * (size_t)d->num_heads + (size_t)h) * (size_t)p->s_loc + (size_t)i;
-                if (l[at] == -INFINITY)
-                    continue; /* no key and no sink weight */
-                sum -= exp((double)sk[h] - (double)l[at]) * (double)rows[at];
-            }
-        g[h] = (float)sum;
-    }
+    if (s == CP_SUCCESS) /* the CPU backend's sum of the same rows */
+        s = cpi_cpu_backend()->sink_grad(NULL, g, sk, l, rows, d->batch, p->s_loc, d->num_heads);
     if (s == CP_SUCCESS)
         s = ops->copy_2d(st, dsinks, hb, g, hb, hb, 1, CP_COPY_HOST_TO_DEVICE);
     if (s == CP_SUCCESS) /* g is host memory the copy may still read */

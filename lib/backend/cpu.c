@@ -99,7 +99,8 @@ static cp_status cpu_row_dot(void *state, float *d, const void *x, const void *y
     return CP_SUCCESS;
 }
 
-/* In double, rows in order: the sum sinks.c's host code takes. */
+/* In double, rows in order (also the host sum of sinks.c for device
+ * backends without sink_grad). */
 static cp_status cpu_sink_grad(void *state, float *g, const float *sinks, const float *lse, const float *rows,
                                int64_t batch, int64_t seq, int32_t heads)
 {
