@@ -182,30 +182,11 @@ static const fcase cases[] = {
     {"d128-gqa-bshd-pad8", 2, 4, 2, 128, 129, 257, 128, 0, 1, 0, F32, BSHD, 8, 3, 0, 1, 123},
 };
 
-/* Strides (elements) of a [B, S, heads, dim] tensor of case c, each head row padded. */
-typedef struct lay {
-    int64_t sb, ss, sh;
-    size_t elems;
-} lay;
+typedef test_lay lay; /* testutil.h */
 
 static lay make_lay(const fcase *c, int64_t S, int heads, int dim)
 {
-    lay l;
-    l.sh = dim + c->pad;
-    if (c->fmt == CP_FORMAT_SBHD) {
-        l.sb = heads * l.sh;
-        l.ss = c->B * l.sb;
-    } else {
-        l.ss = heads * l.sh;
-        l.sb = S * l.ss;
-    }
-    l.elems = (size_t)c->B * (size_t)S * (size_t)heads * (size_t)l.sh;
-    return l;
-}
-
-static size_t lay_at(const lay *l, int64_t b, int64_t s, int h)
-{
-    return (size_t)(b * l->sb + s * l->ss + h * l->sh);
+    return test_lay_of(c->fmt, c->B, c->pad, S, heads, dim);
 }
 
 /* Element (b, s, h, 0) of a dense [B, S, heads, dim] array. */
@@ -238,7 +219,7 @@ static void fill_codes(const fcase *c, ref_rng *r, uint8_t *buf, const lay *l, i
         for (int64_t s = 0; s < S; s++)
             for (int h = 0; h < heads; h++)
                 for (int e = 0; e < dim; e++)
-                    ref_store(buf, FP8, lay_at(l, b, s, h) + (size_t)e,
+                    ref_store(buf, FP8, test_lay_at(l, b, s, h) + (size_t)e,
                               ref_round(ref_rng_uniform(r, -amp[h], amp[h]), FP8));
 }
 
@@ -250,7 +231,7 @@ static void decode_codes(const fcase *c, const uint8_t *buf, const lay *l, doubl
             for (int h = 0; h < heads; h++)
                 for (int e = 0; e < dim; e++)
                     x[dense_at(S, heads, dim, b, s, h) + (size_t)e] =
-                        ref_fp8_e4m3_decode(buf[lay_at(l, b, s, h) + (size_t)e]);
+                        ref_fp8_e4m3_decode(buf[test_lay_at(l, b, s, h) + (size_t)e]);
 }
 
 static void fdata_decode(fdata *d)
@@ -559,7 +540,7 @@ static got run_forward(cp_context *ctx, const char *what, const fdata *d, const 
             for (int h = 0; h < c->H; h++)
                 for (int e = 0; e < c->D; e++)
                     g.o[dense_at(c->Sq, c->H, c->D, b, s, h) + (size_t)e] =
-                        ref_load(host, odt, lay_at(&d->lo, b, s, h) + (size_t)e);
+                        ref_load(host, odt, test_lay_at(&d->lo, b, s, h) + (size_t)e);
     dev_free(ctx, o), dev_free(ctx, lse);
     free(host), free(lh);
     return g;
@@ -746,7 +727,7 @@ static void test_nan_codes(void **unused)
         fdata_make(&d, &c);
         uint8_t *buf = t == 'q' ? d.hq : t == 'k' ? d.hk : d.hv;
         const lay *l = t == 'q' ? &d.lq : t == 'k' ? &d.lk : &d.lv;
-        buf[lay_at(l, pb, ps, ph) + (size_t)pe] = NAN_CODE;
+        buf[test_lay_at(l, pb, ps, ph) + (size_t)pe] = NAN_CODE;
         fdata_decode(&d);
         model m;
         model_run(&d, &m);

@@ -58,25 +58,11 @@ typedef struct blk {
     int pad; /* extra elements after each head row (strides not dense) */
 } blk;
 
-/* Strides of a [B, S, heads, dim] tensor in format f, each head row padded. */
-typedef struct lay {
-    int64_t sb, ss, sh;
-    size_t elems;
-} lay;
+typedef test_lay lay; /* testutil.h */
 
 static lay make_lay(const blk *c, int64_t S, int heads, int dim)
 {
-    lay l;
-    l.sh = dim + c->pad;
-    if (c->fmt == CP_FORMAT_SBHD) {
-        l.sb = heads * l.sh;
-        l.ss = c->B * l.sb;
-    } else {
-        l.ss = heads * l.sh;
-        l.sb = S * l.ss;
-    }
-    l.elems = (size_t)c->B * (size_t)S * (size_t)heads * (size_t)l.sh;
-    return l;
+    return test_lay_of(c->fmt, c->B, c->pad, S, heads, dim);
 }
 
 static size_t dense_at(int64_t S, int heads, int dim, int64_t b, int64_t s, int h)

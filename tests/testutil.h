@@ -67,4 +67,32 @@ static inline cp_kernel_attn_args f32_kernel_attn_args(int64_t batch, int32_t nu
     return a;
 }
 
+/* Strides (elements) of a [B, S, heads, dim] tensor in format fmt (BSHD or
+ * SBHD), each head row padded by pad elements, and its element count. */
+typedef struct test_lay {
+    int64_t sb, ss, sh;
+    size_t elems;
+} test_lay;
+
+static inline test_lay test_lay_of(cp_format fmt, int64_t B, int pad, int64_t S, int heads, int dim)
+{
+    test_lay l;
+    l.sh = dim + pad;
+    if (fmt == CP_FORMAT_SBHD) {
+        l.sb = heads * l.sh;
+        l.ss = B * l.sb;
+    } else {
+        l.ss = heads * l.sh;
+        l.sb = S * l.ss;
+    }
+    l.elems = (size_t)B * (size_t)S * (size_t)heads * (size_t)l.sh;
+    return l;
+}
+
+/* Element offset of head row (b, s, h) in layout l. */
+static inline size_t test_lay_at(const test_lay *l, int64_t b, int64_t s, int h)
+{
+    return (size_t)(b * l->sb + s * l->ss + h * l->sh);
+}
+
 #endif
