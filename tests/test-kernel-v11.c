@@ -1158,6 +1158,49 @@ static void test_causal_in_pieces(void **state)
     }
 }
 
+/*
+ * Key rows that no rectangle reads hold NaN, as a CP ring's buffers hold
+ * rows nobody wrote: every output is what it is with finite values there.
+ * The tensor-core kernels' key tiles start at a band's first visible key
+ * and reach past its last into such rows (here rows 90-129 and 260-299),
+ * so this says that they keep them out of the P V product and of the
+ * gradients. Head dims 16 and 100 (the kernels' 64 and 128), with and
+ * without a window.
+ */
+static void test_unread_keys_nan(void **state)
+{
+    (void)state;
+    const cp_dtype types[] = {CP_DTYPE_F32, CP_DTYPE_BF16};
+    const int dims[] = {16, 100};
+    const int64_t gaps[][2] = {{90, 130}, {260, 300}};
+    for (int ti = 0; ti < 2; ti++) {
+        if (!dtype_wanted(types[ti]))
+            continue;
+        for (int di = 0; di < 2; di++)
+            for (int wi = 0; wi < 2; wi++) {
+                kcase c = make_case(1, 300, 300, 4, 2, dims[di], dims[di], 1, types[ti], CP_FORMAT_BSHD);
+                c.window = wi ? 50 : 0;
+                c.nrects = 0;
+                add_rect(&c, 0, 128, 0, 90, 0, 0);               /* the causal diagonal */
+                add_rect(&c, 128, 172, 130, 130, 1000 + 129, 1000); /* every key seen (without window) */
+                fixture f;
+                fixture_init(&f, &c, 31 + (uint64_t)(4 * ti + 2 * di + wi));
+                const int hk = c.s.kv_heads;
+                for (size_t gi = 0; gi < sizeof gaps / sizeof gaps[0]; gi++)
+                    for (int64_t r = gaps[gi][0]; r < gaps[gi][1]; r++)
+                        for (int h = 0; h < hk; h++)
+                            for (int d = 0; d < dims[di]; d++) {
+                                const size_t e = (size_t)((r * hk + h) * dims[di] + d);
+                                ref_store(f.tk.buf, c.dtype, e, NAN);
+                                ref_store(f.tv.buf, c.dtype, e, NAN);
+                            }
+                run_forward(&f);
+                run_backward(&f);
+                fixture_free(&f);
+            }
+    }
+}
+
 /* ---- non-finite inputs ---------------------------------------------------- */
 
 enum { FINITE, NOT_A_NUMBER, PLUS_INF, MINUS_INF };
@@ -1516,6 +1559,7 @@ int main(void)
         cmocka_unit_test(test_random_rects),
         cmocka_unit_test(test_dense_is_one_rect),
         cmocka_unit_test(test_causal_in_pieces),
+        cmocka_unit_test(test_unread_keys_nan),
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_unsupported),

@@ -488,6 +488,215 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
 #endif
 }
 
+#ifdef CP_WGMMA_BODY
+// Rows [z, WG_BK) of the V tile at vt as zeros, by the 128 threads of a
+// warpgroup (tid its thread): a band's last key tile reaches past the
+// band's keys, and the rows there may hold anything (a CP ring's buffers
+// hold rows nobody wrote); P is 0 there, but 0 times NaN is not.
+template <int DP>
+__device__ __forceinline__ void zero_tail(uint32_t vt, int z, int tid)
+{
+    const int chunks = (WG_BK - z) * 8; // 16-byte chunks of each 64-column block
+#pragma unroll
+    for (int kb = 0; kb < DP / 64; kb++)
+#pragma unroll 1
+        for (int e = tid; e < chunks; e += 128)
+            wg::zero16(vt + (uint32_t)(kb * WG_BK + z) * 128 + (uint32_t)e * 16);
+}
+
+// The work item `it` of the rectangle kernel: query tile p.rs.by_q.order[x]
+// (most visible pairs first), heads fastest, then tiles, then batches.
+struct rect_item {
+    int64_t i0, nq;
+    int h, hk, b, first, end; // bands p.rs.by_q.ids[first..end)
+};
+
+__device__ __forceinline__ rect_item rect_item_at(const attn_params &p, int it)
+{
+    const int per_b = p.rs.by_q.ntiles * p.H, rem = it % per_b;
+    rect_item w;
+    const int tile = p.rs.by_q.order[rem / p.H];
+    w.b = it / per_b;
+    w.h = rem % p.H;
+    w.hk = w.h / p.G;
+    w.i0 = (int64_t)tile * WG_BQ;
+    w.nq = p.Sq - w.i0 < WG_BQ ? p.Sq - w.i0 : WG_BQ;
+    w.first = p.rs.by_q.start[tile];
+    w.end = p.rs.by_q.start[tile + 1];
+    return w;
+}
+
+#endif // CP_WGMMA_BODY
+
+// API 1.1 on the warp-specialised pipeline (fwd_wgmma_ws_kernel's loader,
+// ping-pong consumers and persistent items) over a rectangle list: an item
+// is a query tile of one head (rect_item_at, most work first, taken from the
+// counter: longest-first list scheduling over the SMs), and its key tiles
+// are the walk of fwd_wgmma_rect_kernel (each band's visible keys from its
+// first, next_key_tile), which the loader and the consumers each take in
+// the same order. The loader's copies start at any key row; rows past the
+// band's last key come in with the tile, and the consumers mask their
+// scores and zero their V rows (zero_tail) before the P V product.
+template <typename T, int DP>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    fwd_wgmma_ws_rect_kernel(attn_params p, const __grid_constant__ wg_maps mp, int items, int *counter)
+{
+#ifdef CP_WGMMA_BODY
+    constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
+    constexpr int KST = WG_KSTAGES, VST = WG_VSTAGES;
+    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
+    // the loader walks the bands too: at 24 registers it spilled 76 bytes;
+    // the consumers' band softmax fits 232 at D = 128 (no spills)
+    constexpr int LOADER_REGS = 40, CONSUMER_REGS = DP == 64 ? 224 : 232;
+    static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * WS_THREADS, "registers of the block");
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
+    const uint32_t qfull = Vs + VST * KB, qempty = qfull + 8, kfull = qempty + 8, kempty = kfull + 8 * KST,
+                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST, ifull = vempty + 8 * VST;
+    const item_queue iq = {ifull, ifull + 16, ifull + 32};
+    const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    const int lane = threadIdx.x & 31;
+
+    if (threadIdx.x == 0) {
+        mbar_init(qfull, 1), mbar_init(qempty, 8);
+        for (int st = 0; st < KST; st++)
+            mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8);
+        for (int st = 0; st < VST; st++)
+            mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
+        iq.init();
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wgi == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(LOADER_REGS) : "memory");
+        if (threadIdx.x == 0) {
+            const int vmap = p.vflag && *p.vflag ? 3 : 2;
+            int g = 0, nql = 0;
+            for (int k = 0;; k++) {
+                const int it = iq.post(k, items, counter);
+                if (it >= items)
+                    break;
+                const rect_item w = rect_item_at(p, it);
+                int bi = w.first;
+                if (bi >= w.end)
+                    continue;
+                if (nql > 0)
+                    mbar_wait(qempty, (nql - 1) & 1);
+                mbar_expect_tx(qfull, QB);
+                tma_tile<BQ, DP>(Qs, mp, 0, qfull, (int)w.i0, w.h, w.b);
+                nql++;
+                int64_t k0, khi;
+                band_rows_keys(p.rs.bands[p.rs.by_q.ids[bi]], w.i0, w.nq, &k0, &khi);
+                for (; bi < w.end; g++) {
+                    const int ks = g % KST, vs = g % VST;
+                    if (g >= KST)
+                        mbar_wait(kempty + 8 * ks, ((g / KST) + 1) & 1);
+                    mbar_expect_tx(kfull + 8 * ks, KB);
+                    tma_tile<BK, DP>(Ks + ks * KB, mp, 1, kfull + 8 * ks, (int)k0, w.hk, w.b);
+                    if (g >= VST)
+                        mbar_wait(vempty + 8 * vs, ((g / VST) + 1) & 1);
+                    mbar_expect_tx(vfull + 8 * vs, KB);
+                    tma_tile<BK, DP>(Vs + vs * KB, mp, vmap, vfull + 8 * vs, (int)k0, w.hk, w.b);
+                    next_key_tile<BK>(p, w.end, w.i0, w.nq, bi, k0, khi);
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
+        const int c = wgi - 1, warp = (threadIdx.x >> 5) & 3;
+        const int g = lane >> 2, tq = lane & 3;
+        const uint32_t qa = Qs + c * 64 * 128;
+        int g0 = 0, nqc = 0; // key tiles and Q tiles of the items before
+        for (int k = 0;; k++) {
+            const int it = iq.next(k, lane);
+            if (it >= items)
+                break;
+            const rect_item w = rect_item_at(p, it);
+            const int64_t i0 = w.i0, row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
+            float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
+            uint32_t pa[BK / 16][4];
+            start_rows<DP>(o, m, l);
+            if (c == 0)
+                named_arrive(1);
+            int cbi = w.first;
+            int64_t ck0 = 0, ckhi = 0;
+            if (cbi < w.end) {
+                mbar_wait(qfull, nqc & 1);
+                band_rows_keys(p.rs.bands[p.rs.by_q.ids[cbi]], i0, w.nq, &ck0, &ckhi);
+            }
+            int n = 0, tail = BK; // rows of the last tile inside its band
+            while (cbi < w.end) {
+                const int gk = g0 + n, ks = gk % KST, vs = (gk + VST - 1) % VST;
+                mbar_wait(kfull + 8 * ks, (gk / KST) & 1);
+                if (n > 0) {
+                    mbar_wait(vfull + 8 * vs, ((gk - 1) / VST) & 1);
+                    if (tail < BK) {
+                        zero_tail<DP>(Vs + vs * KB, tail, threadIdx.x & 127);
+                        fence_proxy_async();
+                        named_sync<128>(3 + c);
+                    }
+                }
+                named_sync(1 + c);
+                issue_s<T, DP>(s, o, pa, qa, Ks + ks * KB);
+                if (n > 0) {
+                    issue_pv<T, DP>(o, pa, Vs + vs * KB);
+                    named_arrive(2 - c);
+                    wg::wait<1>();
+                } else {
+                    named_arrive(2 - c);
+                    wg::wait<0>();
+                }
+                reg_fence(s);
+                mbar_arrive_warp(kempty + 8 * ks, lane);
+                const band r = p.rs.bands[p.rs.by_q.ids[cbi]];
+                int nbi = cbi;
+                int64_t nk0 = ck0, nkhi = ckhi;
+                next_key_tile<BK>(p, w.end, i0, w.nq, nbi, nk0, nkhi);
+                if (nbi >= w.end)
+                    mbar_arrive_warp(qempty, lane); // the item's last S product is done: Q is free
+                const bool full = band_covers(r, i0, BQ, ck0, BK);
+                int lo[2] = {0, 0}, hi[2] = {BK, BK};
+                if (!full) {
+                    row_limits(r, row, ck0, BK, &lo[0], &hi[0]);
+                    row_limits(r, row + 8, ck0, BK, &lo[1], &hi[1]);
+                }
+                softmax_band<NB>(s, m, l, alpha, p, full, lo, hi, tq);
+                reg_fence(s);
+                reg_fence(l);
+                reg_fence(alpha);
+                wg::wait<0>();
+                reg_fence(o);
+                if (n > 0)
+                    mbar_arrive_warp(vempty + 8 * vs, lane);
+                finish_tile<T, DP>(o, alpha, s, pa);
+                tail = r.k1 - ck0 < BK ? (int)(r.k1 - ck0) : BK;
+                cbi = nbi, ck0 = nk0, ckhi = nkhi;
+                n++;
+            }
+            if (n > 0) {
+                const int gk = g0 + n - 1, vs = gk % VST;
+                mbar_wait(vfull + 8 * vs, (gk / VST) & 1);
+                if (tail < BK) {
+                    zero_tail<DP>(Vs + vs * KB, tail, threadIdx.x & 127);
+                    fence_proxy_async();
+                    named_sync<128>(3 + c);
+                }
+                last_pv<T, DP>(o, pa, Vs + vs * KB);
+                mbar_arrive_warp(vempty + 8 * vs, lane);
+            }
+            if (c == 0)
+                named_sync(1); // takes consumer 1's last arrival
+            store_rows(p, o, m, l, row, w.b, w.h, tq);
+            g0 += n;
+            nqc += n > 0;
+        }
+    }
+#else
+    (void)p, (void)mp, (void)items, (void)counter;
+#endif
+}
+
 template <typename T, int DP>
 cp_status launch(state *s, const attn_params &p)
 {
@@ -522,6 +731,32 @@ cp_status launch(state *s, const attn_params &p)
     return check_launch("attention forward (wgmma)");
 }
 
+// The warp-specialised rectangle kernel where tensor maps describe q, k and
+// v (after the guard's begin: v's map may be its clean copy), else false.
+template <typename T, int DP>
+bool launch_rect_ws(state *s, const attn_params &p, cp_status *r)
+{
+    const int64_t items = (int64_t)p.rs.by_q.ntiles * p.H * p.B;
+    wg_maps mp;
+    if (!(s->knob.wgmma_ws && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
+          items + s->sm_count <= INT32_MAX &&
+          wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
+          wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
+          wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK) &&
+          wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)))
+        return false;
+    constexpr int bytes = wgmma_ws_smem(DP);
+    auto kernel = fwd_wgmma_ws_rect_kernel<T, DP>;
+    *r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised, rectangles)");
+    if (*r != CP_SUCCESS || items == 0)
+        return true;
+    const bool persist = items > s->sm_count;
+    int *counter = persist ? take_sched(s) : nullptr;
+    kernel<<<(unsigned)(persist ? s->sm_count : items), WS_THREADS, bytes, s->stream>>>(p, mp, (int)items, counter);
+    *r = check_launch("attention forward (wgmma, warp-specialised, rectangles)");
+    return true;
+}
+
 template <typename T, int DP>
 cp_status launch_rect(state *s, const attn_params &p0)
 {
@@ -530,15 +765,16 @@ cp_status launch_rect(state *s, const attn_params &p0)
     cp_status r = rect_upload(s, &p, WG_BQ, 64, &buf);
     if (r != CP_SUCCESS)
         return r;
-    constexpr int bytes = wgmma_smem(DP);
-    auto kernel = fwd_wgmma_rect_kernel<T, DP>;
     r = nf_forward_begin(s, &p); // the guard, after the list is up
-    if (r == CP_SUCCESS)
+    if (r == CP_SUCCESS && !launch_rect_ws<T, DP>(s, p, &r)) {
+        constexpr int bytes = wgmma_smem(DP);
+        auto kernel = fwd_wgmma_rect_kernel<T, DP>;
         r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, rectangles)");
-    if (r == CP_SUCCESS) {
-        dim3 grid((unsigned)((int64_t)p.rs.by_q.ntiles * p.H), 1, (unsigned)p.B);
-        kernel<<<grid, WG_THREADS, bytes, s->stream>>>(p);
-        r = check_launch("attention forward (wgmma, rectangles)");
+        if (r == CP_SUCCESS) {
+            dim3 grid((unsigned)((int64_t)p.rs.by_q.ntiles * p.H), 1, (unsigned)p.B);
+            kernel<<<grid, WG_THREADS, bytes, s->stream>>>(p);
+            r = check_launch("attention forward (wgmma, rectangles)");
+        }
     }
     if (r == CP_SUCCESS)
         r = nf_forward_end(s, p); // the guard's patch reads the list too
