@@ -14,6 +14,8 @@ forward and backward:
   flex                FlexAttention (torch.compile) with a document-causal
                       BlockMask
   flex-window         FlexAttention with documents and the sliding window
+  infinicp-softcap    the infinicp row with a logit softcap (--softcap, 30)
+  flex-softcap        FlexAttention with the same softcap as a score_mod
   flash-varlen        PyTorch's FlashAttention-2 varlen kernel
                       (torch.ops.aten._flash_attention_forward / _backward
                       with cu_seqlens), where this PyTorch has it
@@ -276,7 +278,7 @@ def time_autograd(torch, fwd, leaves, dout, args):
 # ---------------------------------------------------------------------------
 
 
-def row_infinicp(torch, x, lens, args, window):
+def row_infinicp(torch, x, lens, args, window, softcap=0.0):
     import infinicp
     import infinicp.torch as ict
 
@@ -289,7 +291,7 @@ def row_infinicp(torch, x, lens, args, window):
     group = infinicp.Group(ctx, comm)
     plan = infinicp.AttnPlan(group, {"bf16": "bfloat16", "fp16": "float16"}[args.dtype], batch=1, seq_len=T,
                              num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim, causal=True,
-                             layout="packed", mode="p2p", window=window)
+                             layout="packed", mode="p2p", window=window, softcap=softcap)
     pack = infinicp.Pack(1, cu, causal=True, window=window)
     try:
         # the one rank's tokens in the pack's order (all of them)
@@ -321,7 +323,7 @@ def _flex_fns(torch):
     return create_block_mask, _flex_fns.compiled
 
 
-def row_flex(torch, x, lens, args, window):
+def row_flex(torch, x, lens, args, window, softcap=0.0):
     create_block_mask, flex = _flex_fns(torch)
     T = args.tokens
     doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda", dtype=torch.int32),
@@ -342,8 +344,17 @@ def row_flex(torch, x, lens, args, window):
     leaves = _leaves(torch, (x.q, x.k, x.v), "bhsd")
     dout = x.dout.transpose(1, 2).contiguous()
 
+    kw = dict(block_mask=mask)
+    if gqa:
+        kw["enable_gqa"] = True
+    if softcap:
+        def cap(score, b, h, q_idx, kv_idx):
+            return softcap * torch.tanh(score / softcap)
+
+        kw["score_mod"] = cap
+
     def fwd(q, k, v):
-        return flex(q, k, v, block_mask=mask, enable_gqa=gqa) if gqa else flex(q, k, v, block_mask=mask)
+        return flex(q, k, v, **kw)
 
     tf, tb, out = time_autograd(torch, fwd, leaves, dout, args)
     return tf, tb, _to_bshd(out, "bhsd")
@@ -400,6 +411,8 @@ ROWS = {
     "infinicp-window": (lambda t, x, l, a: row_infinicp(t, x, l, a, a.window), True, "doc-window"),
     "flex": (lambda t, x, l, a: row_flex(t, x, l, a, 0), False, "doc"),
     "flex-window": (lambda t, x, l, a: row_flex(t, x, l, a, a.window), True, "doc-window"),
+    "infinicp-softcap": (lambda t, x, l, a: row_infinicp(t, x, l, a, 0, a.softcap), False, "doc-softcap"),
+    "flex-softcap": (lambda t, x, l, a: row_flex(t, x, l, a, 0, a.softcap), False, "doc-softcap"),
     "flash-varlen": (lambda t, x, l, a: row_flash_varlen(t, x, l, a, 0), False, "doc"),
     "flash-varlen-window": (lambda t, x, l, a: row_flash_varlen(t, x, l, a, a.window), True, "doc-window"),
     "sdpa-cudnn-dense": (lambda t, x, l, a: row_sdpa_dense(t, x, l, a, "cudnn"), False, "dense"),
@@ -461,7 +474,7 @@ def run(args):
     print(table(results, args))
     if args.json:
         meta = dict(tokens=args.tokens, heads=H, kv_heads=args.kv_heads, head_dim=D, dtype=args.dtype,
-                    window=args.window, reps=args.reps, warmup=args.warmup, torch=torch.__version__,
+                    window=args.window, softcap=args.softcap, reps=args.reps, warmup=args.warmup, torch=torch.__version__,
                     device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, results=results), f, indent=1)
@@ -537,6 +550,7 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--window", type=int, default=4096, help="the window rows' W (default 4096)")
+    p.add_argument("--softcap", type=float, default=30.0, help="the softcap rows' cap (default 30)")
     p.add_argument("--mix", default=None, help="comma-separated mixes (default all: %s)" % ", ".join(MIXES))
     p.add_argument("--rows", default=None, help="comma-separated rows (default all: %s)" % ", ".join(ROWS))
     p.add_argument("--reps", type=int, default=20)

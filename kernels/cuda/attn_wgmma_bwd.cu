@@ -81,12 +81,12 @@ __device__ const int no_limits[2] = {0, 0};
 // index tid). The caller fences the async proxy and synchronises.
 template <typename T>
 __device__ __forceinline__ void clean_stage(uint32_t q, uint32_t o, uint32_t ls, bool with_kv, uint32_t kv,
-                                            uint32_t qb, uint32_t kb, int tid)
+                                            uint32_t qb, uint32_t kb, int tid, int dr = WB_BQ)
 {
     using namespace wg;
     nf_clean_sh<T>(q, qb, tid, 256);
     nf_clean_sh<T>(o, qb, tid, 256);
-    nf_clean_sh_f32(ls + WB_BQ * 4, WB_BQ, tid, 256);
+    nf_clean_sh_f32(ls + dr * 4, WB_BQ, tid, 256);
     if (with_kv)
         nf_clean_sh<T>(kv, 2 * kb, tid, 256);
 }
@@ -108,7 +108,7 @@ __device__ __forceinline__ void clean_stage(uint32_t q, uint32_t o, uint32_t ls,
 // [rlo[r], rhi[r]) of the tile (a band's limits), the scores go through the
 // softcap where there is one (its factor 1 - tanh^2 on dS), and dS is a
 // select, 0 outside the band.
-template <typename T, int DP, bool LATE_DK, bool RECT, typename Sync, typename Sink>
+template <typename T, int DP, bool LATE_DK, bool RECT, bool CAP, int DR, typename Sync, typename Sink>
 __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP / 8][4], float (&adv)[DP / 8][4],
                                          const tile_smem &a, int64_t i0, int h, int64_t b, int64_t jrow0, int kr,
                                          int dcol0, int warp, int g, int tq, Sync ds_sync, Sink dq_sink,
@@ -140,7 +140,8 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
         lim[r] = j < p.Sk ? (int)qc : BQ;
     }
     const float scale = p.scale, c2 = p.c;
-    float tc[RECT ? NQ : 1][4]; // RECT with a softcap: tanh of each score
+    constexpr bool TC = RECT && CAP;
+    float tc[TC ? NQ : 1][4]; // with a softcap: tanh of each score
     wg::wait<1>();
     reg_fence(s);
 #pragma unroll
@@ -150,9 +151,9 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
             const int il = nb * 8 + 2 * tq + (c & 1);
             if (RECT) {
                 float x;
-                if (p.softcap) {
+                if (TC && p.softcap) {
                     const float t = tanh_cap(s[nb][c] * p.cap_in);
-                    tc[RECT ? nb : 0][c] = t;
+                    tc[TC ? nb : 0][c] = t;
                     x = p.cap_out * t;
                 } else {
                     x = s[nb][c] * c2;
@@ -173,10 +174,10 @@ __device__ __forceinline__ void bwd_tile(const attn_params &p, float (&adk)[DP /
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int il = nb * 8 + 2 * tq + (c & 1);
-            float ds = scale * s[nb][c] * (dp[nb][c] - ld_shared_f32(a.lse + (BQ + il) * 4));
+            float ds = scale * s[nb][c] * (dp[nb][c] - ld_shared_f32(a.lse + (DR + il) * 4));
             if (RECT) {
-                if (p.softcap) {
-                    const float t = tc[RECT ? nb : 0][c];
+                if (TC && p.softcap) {
+                    const float t = tc[TC ? nb : 0][c];
                     ds *= 1.0f - t * t;
                 }
                 ds = il >= rlo[c >> 1] && il < rhi[c >> 1] ? ds : 0.0f;
@@ -281,6 +282,121 @@ __device__ __forceinline__ bwd_block bwd_item(const attn_params &p, int w)
     const int nx = (int)((p.Sk + WB_BK - 1) / WB_BK), hb = w / nx;
     return bwd_block_at(p, w - hb * nx, hb % p.Hkv, hb / p.Hkv);
 }
+
+// API 1.1: a key tile of the rectangle kernels: keys [k0, k0 + nk) of kv
+// head hk, batch b, tile p.rs.by_k.order[x] (most visible pairs first), the
+// bands bs..be of its list.
+struct bwd_rect {
+    int64_t k0, nk, b;
+    int hk, bs, be;
+};
+
+__device__ __forceinline__ bwd_rect bwd_rect_at(const attn_params &p, int x, int hk, int64_t b)
+{
+    bwd_rect w;
+    const int tile = p.rs.by_k.order[x];
+    w.k0 = (int64_t)tile * WB_BK;
+    w.nk = p.Sk - w.k0 < WB_BK ? p.Sk - w.k0 : WB_BK;
+    w.b = b;
+    w.hk = hk;
+    w.bs = p.rs.by_k.start[tile];
+    w.be = p.rs.by_k.start[tile + 1];
+    return w;
+}
+
+// Work item `it` of the warp-specialised rectangle kernel: kv heads
+// fastest, then key tiles in the index's order, then batches.
+__device__ __forceinline__ bwd_rect bwd_rect_item(const attn_params &p, int it)
+{
+    const int per_b = p.rs.by_k.ntiles * p.Hkv, rem = it % per_b;
+    return bwd_rect_at(p, rem / p.Hkv, rem % p.Hkv, it / per_b);
+}
+
+// A step of a key tile's walk: band bi of its list, head gq of the GQA
+// group, query rows from i0 (the band's first row that sees the tile's keys,
+// then on in steps of WB_BQ while below qhi).
+struct kstep {
+    int bi, gq;
+    int64_t i0, qhi;
+};
+
+__device__ __forceinline__ void kstep_open(const attn_params &p, const bwd_rect &w, kstep &x)
+{
+    int64_t qlo;
+    band_keys_rows(p.rs.bands[p.rs.by_k.ids[x.bi]], w.k0, w.nk, &qlo, &x.qhi);
+    x.i0 = qlo;
+}
+
+// The first step (x.bi = w.be: the tile has none).
+__device__ __forceinline__ kstep kstep_first(const attn_params &p, const bwd_rect &w)
+{
+    kstep x = {w.bs, 0, 0, 0};
+    if (x.bi < w.be)
+        kstep_open(p, w, x);
+    return x;
+}
+
+// The step after x: the next rows, the next head, or the next band.
+__device__ __forceinline__ void kstep_next(const attn_params &p, const bwd_rect &w, kstep &x)
+{
+    x.i0 += WB_BQ;
+    if (x.i0 < x.qhi)
+        return;
+    if (++x.gq < p.G) {
+        kstep_open(p, w, x);
+        return;
+    }
+    x.gq = 0;
+    if (++x.bi < w.be)
+        kstep_open(p, w, x);
+}
+
+// K and V of a key tile in shared memory: rows outside every band of its
+// list as zeros (the tile's products must not see them; they may hold
+// anything), and with the non-finite guard on, the others cleaned too;
+// thread tid of nt. Nothing to do where one band covers the tile's keys and
+// the guard is off.
+template <typename T, int DP>
+__device__ __forceinline__ void band_kv_pass(const attn_params &p, const bwd_rect &w, uint32_t Ks, uint32_t Vs,
+                                             int tid, int nt)
+{
+    using namespace wg;
+    const bool nf = nf_on(p);
+    bool cover = false;
+    for (int bi = w.bs; bi < w.be && !cover; bi++) {
+        const band &r = p.rs.bands[p.rs.by_k.ids[bi]];
+        cover = r.k0 <= w.k0 && r.k1 >= w.k0 + w.nk;
+    }
+    if (cover && !nf)
+        return;
+    for (int e = tid; e < WB_BK * (DP / 8); e += nt) {
+        const int rr = e / (DP / 8), c = e % (DP / 8);
+        const uint32_t off = sw_off<WB_BK>(rr, c);
+        if (!cover && !key_in_bands(p, w.bs, w.be, w.k0 + rr)) {
+            st_shared_v2(Ks + off, 0.0f, 0.0f), st_shared_v2(Ks + off + 8, 0.0f, 0.0f);
+            st_shared_v2(Vs + off, 0.0f, 0.0f), st_shared_v2(Vs + off + 8, 0.0f, 0.0f);
+        } else if (nf) { // the non-finite guard: the others' non-finite values too
+            nf_clean_sh<T>(Ks + off, 16, 0, 1);
+            nf_clean_sh<T>(Vs + off, 16, 0, 1);
+        }
+    }
+}
+
+// Rows [z, WB_BQ) of a stage's Q and dO tiles (TMA's layout: 64-column
+// boxes) as zeros: rows past a band's last row, which may hold anything;
+// thread tid of nt.
+template <int DP>
+__device__ __forceinline__ void zero_q_tail(uint32_t q, uint32_t o, int z, int tid, int nt)
+{
+    const int chunks = (WB_BQ - z) * 8;
+#pragma unroll
+    for (int kb = 0; kb < DP / 64; kb++)
+#pragma unroll 1
+        for (int e = tid; e < chunks; e += nt) {
+            const uint32_t off = (uint32_t)(kb * WB_BQ + z) * 128 + (uint32_t)e * 16;
+            wg::zero16(q + off), wg::zero16(o + off);
+        }
+}
 #endif // CP_WGMMA_BODY
 
 // Every thread loads with cp.async, one __syncthreads per tile; kept for
@@ -358,7 +474,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
             load_q(t + 1);
             cp_async_commit();
         }
-        bwd_tile<T, DP, LATE_DK, false>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g,
+        bwd_tile<T, DP, LATE_DK, false, false, WB_BQ>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g,
                                         tq, [] { __syncthreads(); },
                                         [&](const float(&dq)[DP / 16][4]) {
                                             add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
@@ -391,39 +507,13 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_para
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
-    const int tile = p.rs.by_k.order[blockIdx.x / p.Hkv];
-    const int hk = (int)(blockIdx.x % p.Hkv);
-    const int64_t b = blockIdx.z;
-    const int64_t k0 = (int64_t)tile * BK, nk = p.Sk - k0 < BK ? p.Sk - k0 : BK;
+    const bwd_rect w = bwd_rect_at(p, (int)(blockIdx.x / p.Hkv), (int)(blockIdx.x % p.Hkv), blockIdx.z);
+    const int64_t b = w.b, k0 = w.k0;
+    const int hk = w.hk, be = w.be;
     const int64_t jrow0 = k0 + wgi * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8
     const int dcol0 = wgi * (DP / 2);
-    const int bs = p.rs.by_k.start[tile], be = p.rs.by_k.start[tile + 1];
 
-    // a step: band bi (of the tile's list), head gq of the group, rows from i0
-    struct step {
-        int bi, gq;
-        int64_t i0, qhi;
-    };
-    auto open = [&](step &x) {
-        int64_t qlo;
-        band_keys_rows(p.rs.bands[p.rs.by_k.ids[x.bi]], k0, nk, &qlo, &x.qhi);
-        x.i0 = qlo;
-        x.gq = 0;
-    };
-    auto advance = [&](step &x) {
-        x.i0 += BQ;
-        if (x.i0 < x.qhi)
-            return;
-        if (++x.gq < p.G) {
-            int64_t qlo;
-            band_keys_rows(p.rs.bands[p.rs.by_k.ids[x.bi]], k0, nk, &qlo, &x.qhi);
-            x.i0 = qlo;
-            return;
-        }
-        if (++x.bi < be)
-            open(x);
-    };
-    auto load_q = [&](const step &x, uint32_t st) {
+    auto load_q = [&](const kstep &x, uint32_t st) {
         const int h = hk * p.G + x.gq;
         const int64_t q1 = p.rs.bands[p.rs.by_k.ids[x.bi]].q1;
         load_sw<T, BQ, DP, WB_THREADS>(Qs + st * QB, p.q, b, x.i0, q1, h, p.D);
@@ -441,29 +531,17 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_para
         }
     };
 
-    step cur = {bs, 0, 0, 0};
-    if (bs < be) {
-        open(cur);
+    kstep cur = kstep_first(p, w);
+    if (cur.bi < be) {
         load_sw<T, BK, DP, WB_THREADS>(Ks, p.k, b, k0, p.Sk, hk, p.D);
         load_sw<T, BK, DP, WB_THREADS>(Vs, p.v, b, k0, p.Sk, hk, p.Dv);
         load_q(cur, 0);
         cp_async_commit();
-        // keys outside every band: zeros (key_in_bands); the loop's first
-        // barrier and proxy fence order these stores before wgmma reads
+        // keys outside every band: zeros; the loop's first barrier and proxy
+        // fence order these stores before wgmma reads
         cp_async_wait_all();
         __syncthreads();
-        const bool nf = nf_on(p);
-        for (int e = threadIdx.x; e < BK * (DP / 8); e += WB_THREADS) {
-            const int rr = e / (DP / 8), c = e % (DP / 8);
-            const uint32_t off = sw_off<BK>(rr, c);
-            if (!key_in_bands(p, bs, be, k0 + rr)) {
-                st_shared_v2(Ks + off, 0.0f, 0.0f), st_shared_v2(Ks + off + 8, 0.0f, 0.0f);
-                st_shared_v2(Vs + off, 0.0f, 0.0f), st_shared_v2(Vs + off + 8, 0.0f, 0.0f);
-            } else if (nf) { // the non-finite guard: the others' non-finite values too
-                nf_clean_sh<T>(Ks + off, 16, 0, 1);
-                nf_clean_sh<T>(Vs + off, 16, 0, 1);
-            }
-        }
+        band_kv_pass<T, DP>(p, w, Ks, Vs, (int)threadIdx.x, WB_THREADS);
     }
 
     float adk[ND][4], adv[ND][4];
@@ -490,8 +568,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_para
             fence_proxy_async();
             __syncthreads();
         }
-        step nxt = cur;
-        advance(nxt);
+        kstep nxt = cur;
+        kstep_next(p, w, nxt);
         if (nxt.bi < be) {
             load_q(nxt, st ^ 1);
             cp_async_commit();
@@ -500,7 +578,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_para
         int lo[2], hi[2];
         key_limits(r, jrow0, i0, BQ, &lo[0], &hi[0]);
         key_limits(r, jrow0 + 8, i0, BQ, &lo[1], &hi[1]);
-        bwd_tile<T, DP, LATE_DK, true>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g,
+        bwd_tile<T, DP, LATE_DK, true, true, WB_BQ>(p, adk, adv, a, i0, h, b, jrow0, wgi * 64 + warp * 16 + g, dcol0, warp, g,
                                        tq, [] { __syncthreads(); },
                                        [&](const float(&dq)[DP / 16][4]) {
                                            add_dq_rows2(p, dq, b, h, i0 + warp * 16 + g, dcol0, tq);
@@ -508,7 +586,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_para
                                        lo, hi);
         cur = nxt;
     }
-    if (p.grad_accumulate && bs == be)
+    if (p.grad_accumulate && w.bs == be)
         return; // no query sees these keys: nothing to add
     store_dkdv_rows(p, adk, adv, b, hk, jrow0, 0, tq);
 #else
@@ -529,11 +607,17 @@ constexpr int WS_STAGES = 2;    // Q / dO / LSE / rowsum stages
 // stages, the mbarriers (8 bytes each: K / V full and empty, a full and an
 // empty one per stage and per item slot), the two item slots and the
 // alignment.
-constexpr int wgbwd_ws_smem(int DP, bool dq_tma)
+//
+// The rectangle kernel's query tiles start at any row, and the copy engine
+// takes a box of the LSE (or rowsums) only from a 16-byte boundary: it loads
+// WR_LBOX values from the row rounded down to a multiple of 4 (the first
+// 0-3 unused), the rowsums WR_DROW floats after the LSE (128-byte aligned).
+constexpr int WR_LBOX = WB_BQ + 4, WR_DROW = 96;
+constexpr int wgbwd_ws_smem(int DP, bool dq_tma, bool rect = false)
 {
     return (2 * WB_BK + 2 * WS_STAGES * WB_BQ) * DP * 2 + 2 * WB_BK * WB_BQ * 2 +
-           (dq_tma ? 2 * 2 * WB_BQ * DP * 2 : 0) + WS_STAGES * 2 * WB_BQ * 4 + 8 * (2 + 2 * WS_STAGES + 4) + 16 +
-           1024;
+           (dq_tma ? 2 * 2 * WB_BQ * DP * 2 : 0) + WS_STAGES * 2 * (rect ? WR_DROW : WB_BQ) * 4 +
+           8 * (2 + 2 * WS_STAGES + 4) + 16 + 1024;
 }
 
 #ifdef CP_WGMMA_BODY
@@ -661,19 +745,21 @@ __device__ __forceinline__ uint32_t half_off(int nb, int r, int warp, int g, int
 // reductions per thread. A tile is written again two query tiles later, once
 // that thread has seen the reduction's reads finish (before the dS^T barrier,
 // which the other threads pass after it).
-template <typename T, int DP, bool DQ_TMA>
+template <typename T, int DP, bool DQ_TMA, bool RECT, bool CAP>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     bwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wb_maps mp, int epi, int items, int *counter)
 {
 #ifdef CP_WGMMA_BODY
     using namespace wg;
     constexpr int BK = WB_BK, BQ = WB_BQ, ND = DP / 8, ST = WS_STAGES;
-    constexpr uint32_t KB = BK * DP * 2, QB = BQ * DP * 2, SB = BK * BQ * 2, LB = 2 * BQ * 4; // bytes
+    constexpr uint32_t KB = BK * DP * 2, QB = BQ * DP * 2, SB = BK * BQ * 2, LB = 2 * (RECT ? WR_DROW : BQ) * 4; // bytes
     constexpr uint32_t DQB = DQ_TMA ? BQ * DP * 2 : 0; // one consumer's fp32 dQ tile (DP / 2 columns)
     // setmaxnreg: the consumers of D = 128 need 240 registers; at D = 64 the
     // loader spills below 56 (its item bookkeeping) and the consumers fit in
     // 216, within the 168 x 384 the launch bounds give the block
-    constexpr int LOADER_REGS = DP == 64 ? 56 : 24, CONSUMER_REGS = DP == 64 ? 216 : 240;
+    // (RECT: the loader's band walk needs 40 at D = 128, and the consumers
+    // fit in 232)
+    constexpr int LOADER_REGS = DP == 64 ? 56 : RECT ? 40 : 24, CONSUMER_REGS = DP == 64 ? 216 : RECT ? 232 : 240;
     static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * WS_THREADS, "registers of the block");
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Ks = (smem_addr(smem) + 1023) & ~1023u, Vs = Ks + KB, Qs = Vs + KB, dOs = Qs + ST * QB,
@@ -704,6 +790,29 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 const int it = iq.post(k, items, counter);
                 if (it >= items)
                     break;
+                if constexpr (RECT) {
+                    const bwd_rect w = bwd_rect_item(p, it);
+                    kstep x = kstep_first(p, w);
+                    if (x.bi >= w.be)
+                        continue;
+                    if (nkv > 0)
+                        mbar_wait(kvempty, (uint32_t)(nkv - 1) & 1);
+                    mbar_expect_tx(kvfull, 2 * KB);
+                    tma_tile<BK, DP>(Ks, mp, MK, kvfull, (int)w.k0, w.hk, (int)w.b);
+                    tma_tile<BK, DP>(Vs, mp, MV, kvfull, (int)w.k0, w.hk, (int)w.b);
+                    nkv++;
+                    for (; x.bi < w.be; kstep_next(p, w, x), gt++) {
+                        const uint32_t st = gt % ST, bar = full + 8 * st;
+                        const int h = w.hk * p.G + x.gq, i0 = (int)x.i0;
+                        mbar_wait(empty + 8 * st, ((gt / ST) + 1) & 1);
+                        mbar_expect_tx(bar, 2 * QB + 2 * WR_LBOX * 4);
+                        tma_tile<BQ, DP>(Qs + st * QB, mp, MQ, bar, i0, h, (int)w.b);
+                        tma_tile<BQ, DP>(dOs + st * QB, mp, MDO, bar, i0, h, (int)w.b);
+                        tma_box(Ls + st * LB, mp, MLSE, bar, i0 & ~3, 0, h, (int)w.b);
+                        tma_box(Ls + st * LB + WR_DROW * 4, mp, MDROW, bar, i0 & ~3, 0, h, (int)w.b);
+                    }
+                    continue;
+                }
                 const bwd_block w = bwd_item(p, it);
                 const int nt = (int)w.nt, r0 = (int)w.i_first, bt = (int)w.b, h0 = w.hk * p.G;
                 if (nt == 0)
@@ -744,7 +853,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             const int it = iq.next(k, lane);
             if (it >= items)
                 break;
-            const bwd_block w = bwd_item(p, it);
+            // the item: a key block and its query tiles t < ntotal, or (RECT)
+            // a key tile of the index and the steps of its walk (rx)
+            bwd_block w;
+            bwd_rect wr;
+            kstep rx;
+            if constexpr (RECT) {
+                wr = bwd_rect_item(p, it);
+                rx = kstep_first(p, wr);
+                w.k0 = wr.k0, w.b = wr.b, w.hk = wr.hk;
+                w.ntotal = rx.bi < wr.be; // (only whether there is a step)
+            } else {
+                w = bwd_item(p, it);
+            }
             const int64_t b = w.b, ntotal = w.ntotal;
             if (p.grad_accumulate && ntotal == 0)
                 continue; // no query sees these keys: nothing to add
@@ -755,23 +876,66 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     adk[nb][e] = adv[nb][e] = 0.0f;
-            if (ntotal > 0)
+            if (ntotal > 0) {
                 mbar_wait(kvfull, (uint32_t)nkv & 1);
-            for (int64_t t = 0; t < ntotal; t++, gt++) {
-                const int h = w.head(t, p.G);
-                const int64_t i0 = w.row(t);
+                if constexpr (RECT) { // keys outside the bands as zeros (and the guard's pass)
+                    band_kv_pass<T, DP>(p, wr, Ks, Vs, (int)threadIdx.x - 128, 256);
+                    fence_proxy_async();
+                    named_sync(4);
+                }
+            }
+            for (int64_t t = 0;; t++, gt++) {
+                int h;
+                int64_t i0;
+                int lo[2] = {0, 0}, hi[2] = {0, 0};
+                if constexpr (RECT) {
+                    if (rx.bi >= wr.be)
+                        break;
+                    h = wr.hk * p.G + rx.gq;
+                    i0 = rx.i0;
+                } else {
+                    if (t >= ntotal)
+                        break;
+                    h = w.head(t, p.G);
+                    i0 = w.row(t);
+                }
                 const uint32_t st = gt % ST;
-                a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4, a.lse = Ls + st * LB;
+                a.q4 = (Qs + st * QB) >> 4, a.o4 = (dOs + st * QB) >> 4;
+                a.lse = Ls + st * LB + (RECT ? (uint32_t)(i0 & 3) * 4 : 0); // (RECT: from a 4-row boundary)
                 a.ds = dSs + (gt & 1) * SB;
                 const uint32_t dqt = dQs + (2 * c + (gt & 1)) * DQB;
                 mbar_wait(full + 8 * st, (gt / ST) & 1);
-                if (nf_on(p)) { // the non-finite guard: both consumers clean the stage (and K, V first)
+                if constexpr (RECT) {
+                    // the band's limits for this thread's keys; rows past the
+                    // band's last as zeros, then the guard's pass (not K, V:
+                    // band_kv_pass did)
+                    const band r = p.rs.bands[p.rs.by_k.ids[rx.bi]];
+                    key_limits(r, jrow0, i0, BQ, &lo[0], &hi[0]);
+                    key_limits(r, jrow0 + 8, i0, BQ, &lo[1], &hi[1]);
+                    const int64_t in = r.q1 - i0;
+                    const bool nf = nf_on(p);
+                    if (in < BQ) {
+                        zero_q_tail<DP>(Qs + st * QB, dOs + st * QB, (int)in, (int)threadIdx.x - 128, 256);
+                        if (nf) {
+                            fence_proxy_async();
+                            named_sync(4);
+                        }
+                    }
+                    if (nf)
+                        clean_stage<T>(Qs + st * QB, dOs + st * QB, a.lse, false, Ks, QB, KB, (int)threadIdx.x - 128,
+                                       WR_DROW);
+                    if (in < BQ || nf) {
+                        fence_proxy_async();
+                        named_sync(4);
+                    }
+                    kstep_next(p, wr, rx);
+                } else if (nf_on(p)) { // the non-finite guard: both consumers clean the stage (and K, V first)
                     clean_stage<T>(Qs + st * QB, dOs + st * QB, a.lse, t == 0, Ks, QB, KB, (int)threadIdx.x - 128);
                     fence_proxy_async();
                     named_sync(4);
                 }
                 const bool after_staging = staged && t == 0;
-                bwd_tile<T, DP, true, false>(
+                bwd_tile<T, DP, true, RECT, CAP, RECT ? WR_DROW : WB_BQ>(
                     p, adk, adv, a, i0, h, b, jrow0, c * 64 + warp * 16 + g, dcol0, warp, g, tq,
                     [&] {
                         if constexpr (DQ_TMA) {
@@ -799,7 +963,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                             bulk_commit(leader);
                         }
                     },
-                    no_limits, no_limits);
+                    lo, hi);
                 mbar_arrive_warp(empty + 8 * st, lane); // tile t's stage is read
             }
             if (ntotal > 0) {
@@ -883,7 +1047,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 // none (the cp.async kernel runs then). *dq_tma: whether p.dqa has one too;
 // *epi: how dK and dV leave (EPI_SUM: F32 sums with maps, EPI_STORE: stored
 // in the input's 16-bit type with maps, EPI_ROWS: per-thread stores).
-bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, int *epi)
+bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, int *epi, int row_box = WB_BQ)
 {
     using wg::make_map;
     // (the loader's 32-bit row walk goes up to Sq rounded up to whole tiles)
@@ -893,8 +1057,8 @@ bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, int *epi)
                     make_map(&mp.m[MDO], mp.pos[MDO], p.dout, p.dt, p.Sq, p.H, p.B, p.Dv, WB_BQ) &&
                     make_map(&mp.m[MK], mp.pos[MK], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WB_BK) &&
                     make_map(&mp.m[MV], mp.pos[MV], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WB_BK) &&
-                    wg::make_row_map(&mp.m[MLSE], mp.pos[MLSE], p.lse, p.Sq, p.H, p.lsh, p.B, p.lsb, WB_BQ) &&
-                    wg::make_row_map(&mp.m[MDROW], mp.pos[MDROW], p.drow, p.Sq, p.H, p.drh, p.B, p.drb, WB_BQ);
+                    wg::make_row_map(&mp.m[MLSE], mp.pos[MLSE], p.lse, p.Sq, p.H, p.lsh, p.B, p.lsb, row_box) &&
+                    wg::make_row_map(&mp.m[MDROW], mp.pos[MDROW], p.drow, p.Sq, p.H, p.drh, p.B, p.drb, row_box);
     *dq_tma = ok && wg::make_sum_map(&mp.m[MDQ], mp.pos[MDQ], p.dqa, p.Sq, p.H, p.B, p.dqa_cols, WB_BQ);
     *epi = EPI_ROWS;
     if (*dq_tma && p.grad_accumulate && p.gdt == CP_DTYPE_F32 &&
@@ -910,12 +1074,14 @@ bool make_maps(wb_maps &mp, const attn_params &p, bool *dq_tma, int *epi)
 
 // One item a block, or (persistent) one block an SM when there are more
 // items than SMs.
-template <typename T, int DP, bool DQ_TMA>
+template <typename T, int DP, bool DQ_TMA, bool RECT>
 cp_status launch_ws(state *s, const attn_params &p, const wb_maps &mp, int64_t items, int epi)
 {
-    constexpr int bytes = wgbwd_ws_smem(DP, DQ_TMA);
-    auto kernel = bwd_wgmma_ws_kernel<T, DP, DQ_TMA>;
-    const char *what = "attention backward dK/dV/dQ (wgmma, warp-specialised)";
+    constexpr int bytes = wgbwd_ws_smem(DP, DQ_TMA, RECT);
+    auto kernel = RECT && p.softcap ? bwd_wgmma_ws_kernel<T, DP, DQ_TMA, RECT, RECT>
+                                    : bwd_wgmma_ws_kernel<T, DP, DQ_TMA, RECT, false>;
+    const char *what = RECT ? "attention backward dK/dV/dQ (wgmma, warp-specialised, rectangles)"
+                            : "attention backward dK/dV/dQ (wgmma, warp-specialised)";
     cp_status r = allow_smem((const void *)kernel, bytes, what);
     if (r != CP_SUCCESS)
         return r;
@@ -937,8 +1103,8 @@ cp_status launch(state *s, const attn_params &p)
     if (s->knob.wgmma_ws && wgbwd_ws_smem(DP, false) <= s->smem_optin && items + s->sm_count <= INT32_MAX &&
         make_maps(mp, p, &dq_tma, &epi)) {
         if (dq_tma && wgbwd_ws_smem(DP, true) <= s->smem_optin)
-            return launch_ws<T, DP, true>(s, p, mp, items, epi);
-        return launch_ws<T, DP, false>(s, p, mp, items, EPI_ROWS);
+            return launch_ws<T, DP, true, false>(s, p, mp, items, epi);
+        return launch_ws<T, DP, false, false>(s, p, mp, items, EPI_ROWS);
     }
     constexpr int bytes = wgbwd_smem(DP);
     auto kernel = !p.dqa_vec ? bwd_wgmma_kernel<T, DP, false> : bwd_wgmma_kernel<T, DP, true>;
@@ -950,9 +1116,24 @@ cp_status launch(state *s, const attn_params &p)
     return check_launch(what);
 }
 
+// The warp-specialised kernel over the key tiles of the index where maps
+// describe every tensor (its loader's rows start anywhere: a band's first
+// row that sees a tile), else the cp.async one.
 template <typename T, int DP>
 cp_status launch_rect(state *s, const attn_params &p)
 {
+    const int64_t items = (int64_t)p.rs.by_k.ntiles * p.Hkv * p.B;
+    wb_maps mp;
+    bool dq_tma = false;
+    int epi = EPI_ROWS;
+    if (s->knob.wgmma_ws && wgbwd_ws_smem(DP, false, true) <= s->smem_optin && items + s->sm_count <= INT32_MAX &&
+        make_maps(mp, p, &dq_tma, &epi, WR_LBOX)) {
+        if (items == 0)
+            return CP_SUCCESS;
+        if (dq_tma && wgbwd_ws_smem(DP, true, true) <= s->smem_optin)
+            return launch_ws<T, DP, true, true>(s, p, mp, items, epi);
+        return launch_ws<T, DP, false, true>(s, p, mp, items, EPI_ROWS);
+    }
     dim3 grid((unsigned)((int64_t)p.rs.by_k.ntiles * p.Hkv), 1, (unsigned)p.B);
     constexpr int bytes = wgbwd_smem(DP);
     auto kernel = !p.dqa_vec ? bwd_wgmma_rect_kernel<T, DP, false> : bwd_wgmma_rect_kernel<T, DP, true>;
