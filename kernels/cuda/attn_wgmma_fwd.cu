@@ -526,6 +526,37 @@ __device__ __forceinline__ rect_item rect_item_at(const attn_params &p, int it)
     return w;
 }
 
+// A band's limits for a query tile from i0 and this thread's rows (row,
+// row + 8), computed once per band instead of per key tile: a key tile from
+// j0 is seen whole by every row of the tile iff flo <= j0 and j0 + WG_BK <=
+// fhi; row e sees keys [ka[e], kb[e]) (empty outside the band); the band's
+// keys end at k1.
+struct rect_limits {
+    int64_t flo, fhi, k1, ka[2], kb[2];
+};
+
+__device__ __forceinline__ rect_limits rect_limits_of(const band &r, int64_t i0, int64_t row)
+{
+    rect_limits L;
+    L.flo = INT64_MAX, L.fhi = INT64_MIN;
+    if (i0 >= r.q0 && i0 + WG_BQ <= r.q1) {
+        int64_t lo, hi, x;
+        band_keys(r, i0 + WG_BQ - 1, &lo, &x);
+        band_keys(r, i0, &x, &hi);
+        L.flo = lo > r.k0 ? lo : r.k0;
+        L.fhi = hi < r.k1 ? hi : r.k1;
+    }
+    L.k1 = r.k1;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int64_t i = row + 8 * e;
+        L.ka[e] = L.kb[e] = 0;
+        if (i >= r.q0 && i < r.q1)
+            band_keys(r, i, &L.ka[e], &L.kb[e]);
+    }
+    return L;
+}
+
 #endif // CP_WGMMA_BODY
 
 // API 1.1 on the warp-specialised pipeline (fwd_wgmma_ws_kernel's loader,
@@ -537,7 +568,7 @@ __device__ __forceinline__ rect_item rect_item_at(const attn_params &p, int it)
 // the same order. The loader's copies start at any key row; rows past the
 // band's last key come in with the tile, and the consumers mask their
 // scores and zero their V rows (zero_tail) before the P V product.
-template <typename T, int DP>
+template <typename T, int DP, bool CAP, bool POS>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     fwd_wgmma_ws_rect_kernel(attn_params p, const __grid_constant__ wg_maps mp, int items, int *counter)
 {
@@ -619,14 +650,23 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             start_rows<DP>(o, m, l);
             if (c == 0)
                 named_arrive(1);
+            // the walk: band cbi of the tile's list, key tile from ck0 (the
+            // band's keys for these rows end at ckhi); L: the band's limits
             int cbi = w.first;
             int64_t ck0 = 0, ckhi = 0;
+            rect_limits L;
             if (cbi < w.end) {
+                const band r = p.rs.bands[p.rs.by_q.ids[cbi]];
+                band_rows_keys(r, i0, w.nq, &ck0, &ckhi);
+                L = rect_limits_of(r, i0, row);
                 mbar_wait(qfull, nqc & 1);
-                band_rows_keys(p.rs.bands[p.rs.by_q.ids[cbi]], i0, w.nq, &ck0, &ckhi);
             }
             int n = 0, tail = BK; // rows of the last tile inside its band
-            while (cbi < w.end) {
+            // One key tile; MASKED a constant, so that no branch separates
+            // the product's issue from its wait (ptxas would wait for every
+            // product at the join).
+            auto tile = [&](auto masked, const int (&lo)[2], const int (&hi)[2], bool last) {
+                constexpr bool M = decltype(masked)::value;
                 const int gk = g0 + n, ks = gk % KST, vs = (gk + VST - 1) % VST;
                 mbar_wait(kfull + 8 * ks, (gk / KST) & 1);
                 if (n > 0) {
@@ -649,19 +689,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 }
                 reg_fence(s);
                 mbar_arrive_warp(kempty + 8 * ks, lane);
-                const band r = p.rs.bands[p.rs.by_q.ids[cbi]];
-                int nbi = cbi;
-                int64_t nk0 = ck0, nkhi = ckhi;
-                next_key_tile<BK>(p, w.end, i0, w.nq, nbi, nk0, nkhi);
-                if (nbi >= w.end)
+                if (last)
                     mbar_arrive_warp(qempty, lane); // the item's last S product is done: Q is free
-                const bool full = band_covers(r, i0, BQ, ck0, BK);
-                int lo[2] = {0, 0}, hi[2] = {BK, BK};
-                if (!full) {
-                    row_limits(r, row, ck0, BK, &lo[0], &hi[0]);
-                    row_limits(r, row + 8, ck0, BK, &lo[1], &hi[1]);
-                }
-                softmax_band<NB>(s, m, l, alpha, p, full, lo, hi, tq);
+                if constexpr (M || CAP)
+                    softmax_band<NB, CAP ? 1 : 0>(s, m, l, alpha, p, !M, lo, hi, tq);
+                else // a whole tile: the dense kernel's softmax
+                    softmax_tile<NB, POS>(s, m, l, alpha, p, false, 0, row, tq);
                 reg_fence(s);
                 reg_fence(l);
                 reg_fence(alpha);
@@ -670,9 +703,29 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 if (n > 0)
                     mbar_arrive_warp(vempty + 8 * vs, lane);
                 finish_tile<T, DP>(o, alpha, s, pa);
-                tail = r.k1 - ck0 < BK ? (int)(r.k1 - ck0) : BK;
-                cbi = nbi, ck0 = nk0, ckhi = nkhi;
+            };
+            while (cbi < w.end) {
+                const bool last = ck0 + BK >= ckhi && cbi + 1 >= w.end;
+                if (ck0 >= L.flo && ck0 + BK <= L.fhi) {
+                    const int all[2] = {0, 0};
+                    tile(std::false_type(), all, all, last);
+                } else {
+                    int lo[2], hi[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        lo[e] = (int)(L.ka[e] - ck0 < 0 ? 0 : L.ka[e] - ck0 > BK ? BK : L.ka[e] - ck0);
+                        hi[e] = (int)(L.kb[e] - ck0 < 0 ? 0 : L.kb[e] - ck0 > BK ? BK : L.kb[e] - ck0);
+                    }
+                    tile(std::true_type(), lo, hi, last);
+                }
                 n++;
+                tail = L.k1 - ck0 < BK ? (int)(L.k1 - ck0) : BK;
+                ck0 += BK;
+                if (ck0 >= ckhi && ++cbi < w.end) { // the next band
+                    const band r = p.rs.bands[p.rs.by_q.ids[cbi]];
+                    band_rows_keys(r, i0, w.nq, &ck0, &ckhi);
+                    L = rect_limits_of(r, i0, row);
+                }
             }
             if (n > 0) {
                 const int gk = g0 + n - 1, vs = gk % VST;
@@ -746,7 +799,12 @@ bool launch_rect_ws(state *s, const attn_params &p, cp_status *r)
           wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)))
         return false;
     constexpr int bytes = wgmma_ws_smem(DP);
-    auto kernel = fwd_wgmma_ws_rect_kernel<T, DP>;
+    // CAP: a softcap (every tile through softmax_band); POS (no softcap and
+    // a positive scale): whole tiles take the dense kernel's softmax with
+    // one multiply-add a probability
+    auto kernel = p.softcap      ? fwd_wgmma_ws_rect_kernel<T, DP, true, false>
+                  : p.c > 0 ? fwd_wgmma_ws_rect_kernel<T, DP, false, true>
+                            : fwd_wgmma_ws_rect_kernel<T, DP, false, false>;
     *r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised, rectangles)");
     if (*r != CP_SUCCESS || items == 0)
         return true;

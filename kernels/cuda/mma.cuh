@@ -623,7 +623,10 @@ __device__ __forceinline__ void key_limits(const band &r, int64_t j, int64_t i0,
 // mma.cuh with two-sided limits per row and the softcap): scores to base 2,
 // masked outside [lo[r], hi[r]) unless `full`, probabilities relative to the
 // new running maximum, alpha for the accumulators.
-template <int NB>
+// CAP: 1 or 0 where the caller knows whether there is a softcap (no
+// branch on it then: the wgmma kernels keep products in flight across this
+// code), -1 to ask p.
+template <int NB, int CAP = -1>
 __device__ __forceinline__ void softmax_band(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              const attn_params &p, bool full, const int (&lo)[2],
                                              const int (&hi)[2], int tq)
@@ -633,7 +636,9 @@ __device__ __forceinline__ void softmax_band(float (&s)[NB][4], float (&m)[2], f
     for (int nb = 0; nb < NB; nb++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            float x = score2(p, s[nb][c]);
+            float x = CAP < 0 ? score2(p, s[nb][c])
+                      : CAP   ? p.cap_out * tanh_cap(s[nb][c] * p.cap_in)
+                              : s[nb][c] * p.c;
             if (!full) {
                 const int col = nb * 8 + 2 * tq + (c & 1);
                 x = col >= lo[c >> 1] && col < hi[c >> 1] ? x : -INFINITY;
