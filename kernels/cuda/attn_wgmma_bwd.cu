@@ -27,7 +27,9 @@
 // are stored go through shared memory to bulk tensor stores. The other
 // kernel loads with cp.async, double-buffered, one __syncthreads per tile,
 // and adds dQ with per-thread vector reductions: for tensors no tensor map
-// describes, and as INFINICP_CUDA_WGMMA_WS=0.
+// describes, and as INFINICP_CUDA_WGMMA_WS=0. Calls with a rectangle list,
+// a window or a softcap (API 1.1) take the warp-specialised kernel with
+// RECT (items are key tiles of the band index) or bwd_wgmma_rect_kernel.
 //
 // Masking is branch-free (a per-row query limit and selects; see
 // docs/notes/bench-notes.md: ptxas waits for every wgmma group at a branch join), so the

@@ -45,6 +45,9 @@
 // The first kernel (fwd_wgmma_kernel: every thread loads with cp.async, one
 // __syncthreads per tile) is kept for tensors a tensor map cannot describe
 // and as INFINICP_CUDA_WGMMA_WS=0 (tuning).
+// Calls with a rectangle list, a window or a softcap (API 1.1) take the
+// same two designs over the band index (attn_rect.cu):
+// fwd_wgmma_ws_rect_kernel (the default) and fwd_wgmma_rect_kernel.
 // Only sm_90a has wgmma; every other target compiles an empty kernel that
 // the dispatch never launches (wgmma_fits). wgmma.cuh defines CP_WGMMA_BODY
 // there and holds the primitives both wgmma kernels use.
