@@ -92,6 +92,7 @@ typedef struct state {
     unsigned seed;
     int max_delay_us[CP_BACKEND_MAX_STREAMS]; /* of each stream, made or not yet */
     fakeasync_waits waits; /* what made the host wait so far (fakeasync_host_waits) */
+    fakeasync_queued queued; /* what was queued so far (fakeasync_queued_ops) */
 } state;
 
 typedef struct event {
@@ -294,6 +295,16 @@ static cp_status enqueue(state *st, const op *tmpl)
         memcpy(copy, tmpl->k.attn.rects, extra);
         o->k.attn.rects = copy;
     }
+    switch (tmpl->kind) {
+    case OP_COPY: st->queued.copy++; break;
+    case OP_MEMSET: st->queued.memset++; break;
+    case OP_CONVERT: st->queued.convert++; break;
+    case OP_REDUCE: st->queued.reduce++; break;
+    case OP_ATTN_FORWARD: st->queued.attn_forward++; break;
+    case OP_ATTN_BACKWARD: st->queued.attn_backward++; break;
+    case OP_MERGE: st->queued.merge++; break;
+    default: break;
+    }
     stream *s = st->streams[st->current];
     pthread_mutex_lock(&s->mu);
     if (s->tail)
@@ -358,6 +369,11 @@ void fakeasync_context_destroy(cp_context *ctx)
 fakeasync_waits fakeasync_host_waits(const void *p)
 {
     return ((const state *)p)->waits;
+}
+
+fakeasync_queued fakeasync_queued_ops(const void *p)
+{
+    return ((const state *)p)->queued;
 }
 
 cp_status fakeasync_set_delay(void *p, int index, int max_delay_us)

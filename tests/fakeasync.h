@@ -85,4 +85,11 @@ typedef struct fakeasync_waits {
 } fakeasync_waits;
 fakeasync_waits fakeasync_host_waits(const void *state);
 
+/* The operations a state queued since fakeasync_open, by kind (its own
+ * thread's view: read by the thread that drives the state). */
+typedef struct fakeasync_queued {
+    unsigned long copy, memset, convert, reduce, attn_forward, attn_backward, merge;
+} fakeasync_queued;
+fakeasync_queued fakeasync_queued_ops(const void *state);
+
 #endif

@@ -29,7 +29,9 @@
  * And on ranks that pass their own workspace, the forward and backward
  * never make the host wait for the device (no synchronize, alloc, free or
  * copy from host memory): on a GPU such a wait holds every rank that
- * shares it (docs/PERFORMANCE.md, all_gather on one GPU).
+ * shares it (docs/PERFORMANCE.md, all_gather on one GPU). And a rank whose
+ * attention is one kernel call each way (CP = 1, a2a) clears and converts
+ * nothing (docs/ARCHITECTURE.md, Direct).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -142,6 +144,7 @@ static void close_fake(cp_context *ctx, void *arg)
 #define MAX_P 8
 typedef struct waits_seen {
     fakeasync_waits before[MAX_P], during[MAX_P];
+    fakeasync_queued qbefore[MAX_P], queued[MAX_P]; /* operations queued during them */
     int own_workspace[MAX_P];
 } waits_seen;
 
@@ -152,13 +155,23 @@ static void count_waits(cp_context *ctx, int after, int own_workspace, void *arg
     if (ctx->ops != fakeasync_ops() || r < 0 || r >= MAX_P)
         return;
     const fakeasync_waits now = fakeasync_host_waits(ctx->state);
+    const fakeasync_queued qn = fakeasync_queued_ops(ctx->state);
     if (!after) {
         w->before[r] = now;
+        w->qbefore[r] = qn;
         return;
     }
     const fakeasync_waits b = w->before[r];
     w->during[r] = (fakeasync_waits){ now.synchronize - b.synchronize, now.alloc - b.alloc, now.free - b.free,
                                       now.host_copy - b.host_copy };
+    const fakeasync_queued qb = w->qbefore[r];
+    w->queued[r] = (fakeasync_queued){ qn.copy - qb.copy,
+                                       qn.memset - qb.memset,
+                                       qn.convert - qb.convert,
+                                       qn.reduce - qb.reduce,
+                                       qn.attn_forward - qb.attn_forward,
+                                       qn.attn_backward - qb.attn_backward,
+                                       qn.merge - qb.merge };
     w->own_workspace[r] = own_workspace;
 }
 
@@ -342,6 +355,68 @@ static void test_a2a(void **state)
     matrix(CP_MODE_A2A, 1, sizes, 2);
 }
 
+/*
+ * Where a rank's whole attention is one kernel call (CP = 1, or a2a with
+ * every kv head on one member, over a block of one span pair or a causal
+ * block of back-to-back spans), the forward stores the output and the
+ * backward the gradients straight into their tensors: no fp32 partial or
+ * sums to clear, merge into and convert. Checked as a property of every
+ * run of the configurations below: a rank (with its own workspace) that
+ * made one forward and one backward kernel call queued no memset and no
+ * conversion; and some ranks did. (No configuration here shares a kv head
+ * between a2a members.) The results are checked as everywhere in this
+ * file.
+ */
+static void test_one_call_direct(void **state)
+{
+    (void)state;
+    static const struct {
+        cp_mode mode;
+        int P;
+    } runs[] = { { CP_MODE_P2P, 1 }, { CP_MODE_A2A, 2 } };
+    int direct = 0, ranks = 0;
+    for (int causal = 0; causal < 2; causal++) {
+        /* H / Hkv = 2: a2a at P = 2 puts one kv head on each member */
+        cpref_shape sh = { .B = 1, .S = SEQ, .H = 4, .Hkv = 2, .D = 8, .Dv = 8, .causal = causal };
+        sh.scale = 1.0 / sqrt((double)sh.D);
+        cpref_data d;
+        assert_int_equal(cpref_make(&d, &sh, CP_DTYPE_F32, 9100 + (uint64_t)causal, 2.0), 0);
+        for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+            for (int layout = 0; layout < 2; layout++) {
+                const run_cfg c = { runs[i].mode, 1, runs[i].P, (cp_layout)layout, causal, 1 };
+                char cfg[128];
+                describe(&c, cfg, sizeof cfg);
+                cprun_out fake;
+                waits_seen w;
+                memset(&w, 0, sizeof w);
+                if (run_world(&d, &c, next_seed++, &profiles[0], &fake, &w) != CP_SUCCESS)
+                    fail_msg("%s on the pretend device: %s", cfg, fake.error);
+                check_reference(&d, &fake.g, "on the pretend device", cfg);
+                for (int r = 0; r < c.P; r++) {
+                    const fakeasync_queued *q = &w.queued[r];
+                    /* (with the caller's workspace the harness clears it
+                     * before each call: memsets of its own) */
+                    if (!w.own_workspace[r])
+                        continue;
+                    ranks++;
+                    if (q->attn_forward != 1 || q->attn_backward != 1)
+                        continue;
+                    direct++;
+                    /* (F32 here: a conversion to the output type is a copy;
+                     * P = 1 has no exchange, so it would show as one) */
+                    if (q->memset || q->convert || (c.P == 1 && q->copy))
+                        fail_msg("%s: rank %d made one forward and one backward kernel call, but queued %lu "
+                                 "memsets, %lu conversions and %lu copies",
+                                 cfg, r, q->memset, q->convert, q->copy);
+                }
+                cprun_out_free(&fake);
+            }
+        cpref_free(&d);
+    }
+    print_message("one kernel call each way on %d of %d ranks, none clearing or converting\n", direct, ranks);
+    assert_true(direct > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_p2p),
         cmocka_unit_test(test_a2a_p2p),
         cmocka_unit_test(test_a2a),
+        cmocka_unit_test(test_one_call_direct),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -66,18 +66,27 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
     }
     CPI_TRY(cpi_arena_check(ws, "the exchange buffers"));
     if (ws->measuring)
-        return cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, &ds, ws);
+        return cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, &ds, NULL, ws);
 
+    /* one kernel call makes the whole result (CP = 1, a2a): it goes straight
+     * into oh (sinks merge into the fp32 partial: not then) */
+    int direct = 0;
+    if (!d->sinks)
+        CPI_TRY(cpi_ring_direct(p, 0, &direct));
     if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_heads(p, &iq, send, recv));
         CPI_TRY(cpi_a2a_to_heads(p, &ik, send, recv));
         CPI_TRY(cpi_a2a_to_heads(p, &iv, send, recv));
     }
-    CPI_TRY(cpi_init_partial(p, &o32, &lseh));
-    CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, &ds, ws));
-    if (d->sinks) /* my head slice's sinks */
-        CPI_TRY(cpi_sinks_merge(p, &o32, &lseh, cpi_a2a_head_first(p, 0, member), a->sinks, &sk));
-    CPI_TRY(cpi_convert_tensor(p, &oh, &o32));
+    if (direct) {
+        CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, NULL, &lseh, &ds, &oh, ws));
+    } else {
+        CPI_TRY(cpi_init_partial(p, &o32, &lseh));
+        CPI_TRY(cpi_ring_forward(p, &qh, &kh, &vh, &o32, &lseh, &ds, NULL, ws));
+        if (d->sinks) /* my head slice's sinks */
+            CPI_TRY(cpi_sinks_merge(p, &o32, &lseh, cpi_a2a_head_first(p, 0, member), a->sinks, &sk));
+        CPI_TRY(cpi_convert_tensor(p, &oh, &o32));
+    }
     if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_tokens(p, &io, send, recv, 0));
         CPI_TRY(cpi_a2a_to_tokens(p, &il, send, recv, 0));
@@ -139,23 +148,35 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
     }
     CPI_TRY(cpi_arena_check(ws, "the exchange buffers"));
     if (ws->measuring)
-        return cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, ws);
+        return cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, NULL, ws);
 
+    /* one kernel call makes the whole result (CP = 1, a2a without kv
+     * replicas): the gradients go straight into their storage type */
+    int direct = 0;
+    if (!replicas)
+        CPI_TRY(cpi_ring_direct(p, 1, &direct));
+    const cpi_tensor *fin[3] = { &udq, &udk, &udv };
+    if (p->a2a_size > 1)
+        fin[0] = &dqh, fin[1] = &dkh, fin[2] = &dvh;
     if (p->a2a_size > 1) {
         const cpi_a2a_item in[] = { iq, ik, iv, io, ido, il };
         for (int i = 0; i < 6; i++)
             CPI_TRY(cpi_a2a_to_heads(p, &in[i], send, recv));
     }
-    CPI_TRY(cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, ws));
+    CPI_TRY(cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, direct ? fin : NULL, ws));
     if (p->a2a_size == 1) {
+        if (direct)
+            return CP_SUCCESS;
         CPI_TRY(cpi_convert_tensor(p, &udq, &dq32));
         CPI_TRY(cpi_convert_tensor(p, &udk, &dk32));
         return cpi_convert_tensor(p, &udv, &dv32);
     }
-    CPI_TRY(cpi_convert_tensor(p, &dqh, &dq32));
-    if (!replicas) {
-        CPI_TRY(cpi_convert_tensor(p, &dkh, &dk32));
-        CPI_TRY(cpi_convert_tensor(p, &dvh, &dv32));
+    if (!direct) {
+        CPI_TRY(cpi_convert_tensor(p, &dqh, &dq32));
+        if (!replicas) {
+            CPI_TRY(cpi_convert_tensor(p, &dkh, &dk32));
+            CPI_TRY(cpi_convert_tensor(p, &dvh, &dv32));
+        }
     }
     CPI_TRY(cpi_a2a_to_tokens(p, &idq, send, recv, 0));
     CPI_TRY(cpi_a2a_to_tokens(p, &idk, send, recv, 1));

@@ -37,8 +37,8 @@ static cp_status take_gathered(cp_attn_plan *p, cpi_arena *ws, int backward, gat
     g->kblock = cpi_tensor_bytes(p, &one);
     one.dim = d->head_dim_v;
     g->vblock = cpi_tensor_bytes(p, &one);
-    CPI_TRY(cpi_attend_scratch(p, p->max_rows, one_call(p) ? n : p->max_rows, d->num_heads, d->num_kv_heads, backward,
-                               &g->scratch_bytes));
+    CPI_TRY(cpi_attend_scratch(p, p->max_rows, one_call(p) ? n : p->max_rows, d->num_heads, d->num_kv_heads,
+                               backward, 0, &g->scratch_bytes));
     g->scratch = cpi_arena_take(ws, g->scratch_bytes);
     return cpi_arena_check(ws, "the gathered buffers");
 }

@@ -79,6 +79,13 @@ typedef struct cpi_attend_io {
     cpi_descale descale; /* FP8: of q's and k's first heads */
     /* backward */
     const cpi_tensor *o, *dout, *dq32, *dk32, *dv32;
+    /* Direct (only where cpi_attend_single says the block is one call):
+     * the forward stores the final output in out (its dtype) and the LSE
+     * instead of merging into o32 (NULL then); the backward stores the
+     * final gradients in dq_out, dk_out, dv_out (their dtype) instead of
+     * adding into the fp32 sums. Saves clearing, merging into and
+     * converting the fp32 buffers when nothing else adds to them. */
+    const cpi_tensor *out, *dq_out, *dk_out, *dv_out;
     /* backward, optional: rowsum(dO * O) of tq's rows, laid out like lse,
      * and one flag per span of tq, set once a call has stored its rows
      * there (later calls over those rows read them instead). Shared by the
@@ -89,9 +96,14 @@ typedef struct cpi_attend_io {
     size_t scratch_bytes;
 } cpi_attend_io;
 cp_status cpi_attend(const cp_attn_plan *p, const cpi_attend_io *io, int backward);
-/* Largest kernel scratch any cpi_attend call of this plan needs. */
+/* *one = whether cpi_attend over tq x tk makes exactly one kernel call
+ * (a block with no visible pair makes none). */
+cp_status cpi_attend_single(const cp_attn_plan *p, const cpi_tokset *tq, const cpi_tokset *tk, int *one);
+/* Largest kernel scratch any cpi_attend call of this plan needs; direct:
+ * of a direct call (cpi_attend_io.out, dq_out...), which the workspace is
+ * not sized for: such a call runs only where this is no more. */
 cp_status cpi_attend_scratch(const cp_attn_plan *p, int64_t max_q, int64_t max_k, int32_t hq, int32_t hkv,
-                             int backward, size_t *bytes);
+                             int backward, int direct, size_t *bytes);
 
 /* Build the token sets of a call with pack pk (NULL: the layout's); a no-op
  * when they are those already. */

@@ -64,7 +64,8 @@ static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tenso
             b->dv = cpi_tensor_take(p, ws, v->ntok, v->heads, v->dim, CP_DTYPE_F32);
         }
     }
-    CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, &b->scratch_bytes));
+    CPI_TRY(
+        cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, 0, &b->scratch_bytes));
     b->scratch = cpi_arena_take(ws, b->scratch_bytes);
     return cpi_arena_check(ws, "the ring's buffers");
 }
@@ -308,8 +309,27 @@ static cp_status shift(cp_attn_plan *p, const cpi_ring *r, int dir, const cpi_te
             goto end;                                                             \
     } while (0)
 
+cp_status cpi_ring_direct(const cp_attn_plan *p, int backward, int *direct)
+{
+    *direct = 0;
+    if (p->ring_size != 1)
+        return CP_SUCCESS;
+    const cpi_tokset *t = &p->sub[p->ring_rank];
+    int one;
+    CPI_TRY(cpi_attend_single(p, t, t, &one));
+    if (!one)
+        return CP_SUCCESS;
+    /* the scratch the workspace holds (take_bufs) must do for the call */
+    size_t have, need;
+    CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, 0, &have));
+    CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, 1, &need));
+    *direct = need <= have;
+    return CP_SUCCESS;
+}
+
 cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
-                           const cpi_tensor *o32, const cpi_lse *lse, const cpi_descale *descale, cpi_arena *ws)
+                           const cpi_tensor *o32, const cpi_lse *lse, const cpi_descale *descale,
+                           const cpi_tensor *o_final, cpi_arena *ws)
 {
     ring_bufs b = { 0 };
     CPI_TRY(take_bufs(p, k, v, 0, ws, &b));
@@ -326,7 +346,8 @@ cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tenso
     for (int step = 0; step < r.size; step++) {
         cpi_attend_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[r.member],
                              .tk = &p->sub[cpi_ring_fwd_block(&r, step)], .o32 = o32, .lse = lse,
-                             .descale = *descale, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
+                             .descale = *descale, .out = o_final, .scratch = b.scratch,
+                             .scratch_bytes = b.scratch_bytes };
         /* compute this step once its keys and values are here */
         TRY(rs_select(&rs, STREAM_COMPUTE));
         TRY(rs_wait(&rs, arrived));
@@ -358,7 +379,7 @@ end:
 cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
                             const cpi_tensor *o, const cpi_lse *lse, const cpi_tensor *dout,
                             const cpi_tensor *dq32, const cpi_tensor *dk32, const cpi_tensor *dv32,
-                            cpi_arena *ws)
+                            const cpi_tensor *const *fin, cpi_arena *ws)
 {
     ring_bufs b = { 0 };
     CPI_TRY(take_bufs(p, k, v, 1, ws, &b));
@@ -390,7 +411,8 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         TRY(rs_mark(&rs, &kv_here));
     }
     TRY(rs_select(&rs, STREAM_COMPUTE));
-    TRY(cpi_zero(p, dq32));
+    if (!fin)
+        TRY(cpi_zero(p, dq32));
     for (int step = 0; step < R; step++) {
         const int own = step == R - 1;
         const cpi_tensor *ck = own ? k : &b.k[step & 1], *cv = own ? v : &b.v[step & 1];
@@ -398,7 +420,8 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         cpi_attend_io io = { .q = q, .k = ck, .v = cv, .tq = &p->sub[r.member],
                              .tk = &p->sub[cpi_ring_bwd_block(&r, step)], .lse = lse, .o = o, .dout = dout,
                              .dq32 = dq32, .dk32 = cdk, .dv32 = cdv, .drow = drow, .drow_ready = p->drow_ready,
-                             .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
+                             .dq_out = fin ? fin[0] : NULL, .dk_out = fin ? fin[1] : NULL,
+                             .dv_out = fin ? fin[2] : NULL, .scratch = b.scratch, .scratch_bytes = b.scratch_bytes };
         /* the rows of the accumulator that this step adds to but that did
          * not travel are cleared here, not on the comm stream: a memset is
          * a kernel, and one queued there would wait for SMs (the previous
@@ -407,8 +430,10 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
         TRY(rs_select(&rs, STREAM_COMPUTE));
         TRY(rs_wait(&rs, kv_here));
         TRY(rs_wait(&rs, acc_here));
-        TRY(zero_rest(p, cdk, want, have));
-        TRY(zero_rest(p, cdv, want, have));
+        if (!fin) {
+            TRY(zero_rest(p, cdk, want, have));
+            TRY(zero_rest(p, cdv, want, have));
+        }
         TRY(cpi_attend(p, &io, 1));
         TRY(rs_mark(&rs, &done));
         if (own)

@@ -134,12 +134,23 @@ bool cpi_ring_bwd_idle(const cpi_ring *r, int step, int kv);
 
 /* The ring's steps over p->ring_comm, this rank being member
  * p->ring_rank of p->ring_size: the queries are the rows of the member's
- * token set, the keys and values its block, which then circulates. */
+ * token set, the keys and values its block, which then circulates.
+ * Direct (a ring of one member whose block is one kernel call: see
+ * cpi_ring_direct): the forward stores the final output in o_final instead of
+ * merging into o32 (which the caller then neither clears nor converts),
+ * the backward the final gradients in fin[0..2] instead of adding into
+ * dq32, dk32, dv32 (which it does not clear then). NULL: not direct. */
 cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
-                           const cpi_tensor *o32, const cpi_lse *lse, const cpi_descale *descale, cpi_arena *ws);
+                           const cpi_tensor *o32, const cpi_lse *lse, const cpi_descale *descale,
+                           const cpi_tensor *o_final, cpi_arena *ws);
 cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
                             const cpi_tensor *o, const cpi_lse *lse, const cpi_tensor *dout,
                             const cpi_tensor *dq32, const cpi_tensor *dk32, const cpi_tensor *dv32,
-                            cpi_arena *ws);
+                            const cpi_tensor *const *fin, cpi_arena *ws);
+/* *direct = whether this rank's ring can run direct: one member, its block
+ * (its token set against itself) one kernel call, and the call's scratch
+ * no more than the workspace holds (the CUDA backward with 16-bit
+ * gradients sums dQ in fp32 scratch of its own: not direct there). */
+cp_status cpi_ring_direct(const cp_attn_plan *p, int backward, int *direct);
 
 #endif

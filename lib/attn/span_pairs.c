@@ -69,25 +69,29 @@ static cp_status call(const cp_attn_plan *p, const cpi_attend_io *io, cp_kernel_
     a->lse_stride_h = l->ntok;
     const void *c;
     if (!backward) {
-        set_tensor(p, io->o32, qr, &c, &a->o_stride_b, &a->o_stride_s, &a->o_stride_h);
+        const cpi_tensor *o = io->out ? io->out : io->o32;
+        set_tensor(p, o, qr, &c, &a->o_stride_b, &a->o_stride_s, &a->o_stride_h);
         a->o = (void *)c;
-        a->o_dtype = CP_DTYPE_F32;
-        a->accumulate = 1;
-        a->lse_lo = l->lo ? l->lo + qr : NULL;
+        a->o_dtype = o->dtype;
+        a->accumulate = !io->out;
+        a->lse_lo = !io->out && l->lo ? l->lo + qr : NULL;
         return ops->attn_forward(p->ctx->state, a);
     }
     set_tensor(p, io->o, qr, &c, &a->o_stride_b, &a->o_stride_s, &a->o_stride_h);
     a->o = (void *)c;
     a->o_dtype = io->o->dtype;
     set_tensor(p, io->dout, qr, &a->dout, &a->dout_stride_b, &a->dout_stride_s, &a->dout_stride_h);
-    set_tensor(p, io->dq32, qr, &c, &a->dq_stride_b, &a->dq_stride_s, &a->dq_stride_h);
+    const int direct = io->dq_out != NULL;
+    const cpi_tensor *dq = direct ? io->dq_out : io->dq32, *dk = direct ? io->dk_out : io->dk32,
+                     *dv = direct ? io->dv_out : io->dv32;
+    set_tensor(p, dq, qr, &c, &a->dq_stride_b, &a->dq_stride_s, &a->dq_stride_h);
     a->dq = (void *)c;
-    set_tensor(p, io->dk32, kr, &c, &a->dk_stride_b, &a->dk_stride_s, &a->dk_stride_h);
+    set_tensor(p, dk, kr, &c, &a->dk_stride_b, &a->dk_stride_s, &a->dk_stride_h);
     a->dk = (void *)c;
-    set_tensor(p, io->dv32, kr, &c, &a->dv_stride_b, &a->dv_stride_s, &a->dv_stride_h);
+    set_tensor(p, dv, kr, &c, &a->dv_stride_b, &a->dv_stride_s, &a->dv_stride_h);
     a->dv = (void *)c;
-    a->grad_dtype = CP_DTYPE_F32;
-    a->grad_accumulate = 1;
+    a->grad_dtype = dq->dtype;
+    a->grad_accumulate = !direct;
     a->drow = io->drow ? io->drow + qr : NULL;
     return ops->attn_backward(p->ctx->state, a);
 }
@@ -178,18 +182,19 @@ static cp_status attend_rects(const cp_attn_plan *p, const cpi_attend_io *io, cp
     return s;
 }
 
-cp_status cpi_attend(const cp_attn_plan *p, const cpi_attend_io *io, int backward)
+/* The calls of a block without rectangles, each as fn(arg, i0, i1, nq, j0,
+ * nk, mask): query spans [i0, i1] of tq (nq rows) against key spans from
+ * j0 of tk (nk rows). */
+typedef cp_status (*pair_fn)(void *arg, int i0, int i1, int64_t nq, int j0, int64_t nk, cp_mask mask);
+
+static cp_status pair_calls(const cp_attn_plan *p, const cpi_tokset *tq, const cpi_tokset *tk, pair_fn fn,
+                            void *arg)
 {
-    const cpi_tokset *tq = io->tq, *tk = io->tk;
-    cp_kernel_attn_args a;
-    base_args(p, io, &a);
-    if (p->rects)
-        return attend_rects(p, io, &a, backward);
     if (causal_over_rows(p, tq, tk)) { /* equal spans: equal offsets too */
         int64_t n = 0;
         for (int i = 0; i < tq->nspans; i++)
             n += tq->span[i].len;
-        return call_spans(p, io, &a, 0, tq->nspans - 1, n, 0, n, CP_MASK_CAUSAL, backward);
+        return fn(arg, 0, tq->nspans - 1, n, 0, n, CP_MASK_CAUSAL);
     }
     unsigned char *done = cpi_calloc((size_t)tq->nspans * (size_t)tk->nspans, 1);
     if (!done)
@@ -220,15 +225,62 @@ cp_status cpi_attend(const cp_attn_plan *p, const cpi_attend_io *io, int backwar
             }
             for (int j = j0; j <= j1; j++)
                 nk += tk->span[j].len;
-            s = call_spans(p, io, &a, i0, i1, nq, j0, nk, kind == PAIR_FULL ? CP_MASK_NONE : p->desc.mask, backward);
+            s = fn(arg, i0, i1, nq, j0, nk, kind == PAIR_FULL ? CP_MASK_NONE : p->desc.mask);
         }
 #undef PAIR
     free(done);
     return s;
 }
 
+typedef struct issue_arg {
+    const cp_attn_plan *p;
+    const cpi_attend_io *io;
+    cp_kernel_attn_args *a;
+    int backward;
+} issue_arg;
+
+static cp_status issue(void *arg, int i0, int i1, int64_t nq, int j0, int64_t nk, cp_mask mask)
+{
+    const issue_arg *x = arg;
+    return call_spans(x->p, x->io, x->a, i0, i1, nq, j0, nk, mask, x->backward);
+}
+
+static cp_status count(void *arg, int i0, int i1, int64_t nq, int j0, int64_t nk, cp_mask mask)
+{
+    (void)i0, (void)i1, (void)nq, (void)j0, (void)nk, (void)mask;
+    ++*(int *)arg;
+    return CP_SUCCESS;
+}
+
+cp_status cpi_attend_single(const cp_attn_plan *p, const cpi_tokset *tq, const cpi_tokset *tk, int *one)
+{
+    *one = 0;
+    if (p->rects) {
+        cp_attn_rect *rects;
+        int64_t n;
+        CPI_TRY(cpi_vis_rects(&p->vis, tq, tk, &rects, &n));
+        free(rects);
+        *one = n > 0;
+        return CP_SUCCESS;
+    }
+    int n = 0;
+    CPI_TRY(pair_calls(p, tq, tk, count, &n));
+    *one = n == 1;
+    return CP_SUCCESS;
+}
+
+cp_status cpi_attend(const cp_attn_plan *p, const cpi_attend_io *io, int backward)
+{
+    cp_kernel_attn_args a;
+    base_args(p, io, &a);
+    if (p->rects)
+        return attend_rects(p, io, &a, backward);
+    issue_arg x = { p, io, &a, backward };
+    return pair_calls(p, io->tq, io->tk, issue, &x);
+}
+
 cp_status cpi_attend_scratch(const cp_attn_plan *p, int64_t max_q, int64_t max_k, int32_t hq, int32_t hkv,
-                             int backward, size_t *bytes)
+                             int backward, int direct, size_t *bytes)
 {
     /* The kernels' scratch depends on the block shape only; ask for the
      * largest block this plan will run. Pointers stay NULL: size query. */
@@ -243,5 +295,12 @@ cp_status cpi_attend_scratch(const cp_attn_plan *p, int64_t max_q, int64_t max_k
     a.accumulate = !backward;
     a.grad_dtype = CP_DTYPE_F32;
     a.grad_accumulate = 1;
+    if (direct) { /* cpi_attend_io.out, dq_out...: results in their own types */
+        if (!backward)
+            a.o_dtype = cpi_plan_out_dtype(p);
+        a.accumulate = 0;
+        a.grad_dtype = p->desc.dtype;
+        a.grad_accumulate = 0;
+    }
     return p->ctx->ops->attn_workspace_size(p->ctx->state, &a, backward, bytes);
 }
