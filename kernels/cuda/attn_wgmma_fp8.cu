@@ -50,7 +50,7 @@ constexpr uint32_t F8_TILE = 128 * 128;              // bytes of every tile
 
 constexpr int fp8_smem()
 {
-    return (int)((1 + F8_KST + F8_VST) * F8_TILE) + 1024 + 8 * (2 + 2 * F8_KST + 2 * F8_VST) + 3 * 16;
+    return (int)((1 + F8_KST + F8_VST) * F8_TILE) + 1024 + wg::fwd_bars_bytes(F8_KST, F8_VST);
 }
 
 // Keys per row of the transposed V.
@@ -170,21 +170,15 @@ __global__ void __launch_bounds__(F8_THREADS, 1) fwd_fp8_kernel(attn_params p, c
     static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * F8_THREADS, "registers of the block");
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + TB, Vs = Ks + KST * TB;
-    const uint32_t qfull = Vs + VST * TB, qempty = qfull + 8, kfull = qempty + 8, kempty = kfull + 8 * KST,
-                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST, ifull = vempty + 8 * VST;
-    const wg::item_queue iq = {ifull, ifull + 16, ifull + 32};
+    const wg::fwd_bars<KST, VST> bars(Vs + VST * TB);
+    const uint32_t qfull = bars.qfull, qempty = bars.qempty, kfull = bars.kfull, kempty = bars.kempty,
+                   vfull = bars.vfull, vempty = bars.vempty;
+    const wg::item_queue iq = bars.iq;
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     const int lane = threadIdx.x & 31;
 
-    if (threadIdx.x == 0) {
-        mbar_init(qfull, 1), mbar_init(qempty, 8);
-        for (int st = 0; st < KST; st++)
-            mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8);
-        for (int st = 0; st < VST; st++)
-            mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
-        iq.init();
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (threadIdx.x == 0)
+        bars.init();
     __syncthreads();
 
     if (wgi == 0) {

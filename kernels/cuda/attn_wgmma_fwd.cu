@@ -75,7 +75,7 @@ constexpr int wgmma_smem(int DP)
 constexpr int WS_THREADS = 384;
 constexpr int wgmma_ws_smem(int DP)
 {
-    return wgmma_smem(DP) + 8 * (2 + 2 * WG_KSTAGES + 2 * WG_VSTAGES) + 3 * 16;
+    return wgmma_smem(DP) + wg::fwd_bars_bytes(WG_KSTAGES, WG_VSTAGES);
 }
 
 // Tensor maps of q, k, v and v's copy without non-finite values (the
@@ -354,21 +354,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
     static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * WS_THREADS, "registers of the block");
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
-    const uint32_t qfull = Vs + VST * KB, qempty = qfull + 8, kfull = qempty + 8, kempty = kfull + 8 * KST,
-                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST, ifull = vempty + 8 * VST;
-    const item_queue iq = {ifull, ifull + 16, ifull + 32}; // full and empty barriers, slots: two each
+    const wg::fwd_bars<KST, VST> bars(Vs + VST * KB);
+    const uint32_t qfull = bars.qfull, qempty = bars.qempty, kfull = bars.kfull, kempty = bars.kempty,
+                   vfull = bars.vfull, vempty = bars.vempty;
+    const item_queue iq = bars.iq;
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); // uniform: descriptors in uniform registers
     const int lane = threadIdx.x & 31;
 
-    if (threadIdx.x == 0) {
-        mbar_init(qfull, 1), mbar_init(qempty, 8); // 8 consumer warps release Q
-        for (int st = 0; st < KST; st++)
-            mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8); // and a stage
-        for (int st = 0; st < VST; st++)
-            mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
-        iq.init();
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (threadIdx.x == 0)
+        bars.init();
     __syncthreads();
 
     // The items a block works on, in turn (item_queue): with a counter, the
@@ -585,21 +579,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * WS_THREADS, "registers of the block");
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
-    const uint32_t qfull = Vs + VST * KB, qempty = qfull + 8, kfull = qempty + 8, kempty = kfull + 8 * KST,
-                   vfull = kempty + 8 * KST, vempty = vfull + 8 * VST, ifull = vempty + 8 * VST;
-    const item_queue iq = {ifull, ifull + 16, ifull + 32};
+    const wg::fwd_bars<KST, VST> bars(Vs + VST * KB);
+    const uint32_t qfull = bars.qfull, qempty = bars.qempty, kfull = bars.kfull, kempty = bars.kempty,
+                   vfull = bars.vfull, vempty = bars.vempty;
+    const item_queue iq = bars.iq;
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     const int lane = threadIdx.x & 31;
 
-    if (threadIdx.x == 0) {
-        mbar_init(qfull, 1), mbar_init(qempty, 8);
-        for (int st = 0; st < KST; st++)
-            mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8);
-        for (int st = 0; st < VST; st++)
-            mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
-        iq.init();
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (threadIdx.x == 0)
+        bars.init();
     __syncthreads();
 
     if (wgi == 0) {

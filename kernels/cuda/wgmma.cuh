@@ -69,6 +69,13 @@ bool make_sum_map(CUtensorMap *map, int (&pos)[3], const tensor &t, int64_t n, i
 bool make_row_map(CUtensorMap *map, int (&pos)[3], const float *base, int64_t n, int nh, int64_t sh, int nb,
                   int64_t sb, int len);
 
+// Bytes of the barriers of a warp-specialised forward with kst K and vst V
+// stages (fwd_bars).
+constexpr int fwd_bars_bytes(int kst, int vst)
+{
+    return 8 * (2 + 2 * kst + 2 * vst) + 3 * 16;
+}
+
 #ifdef CP_WGMMA_BODY
 
 // Byte offset of 16-byte chunk c of row r in a swizzled R-row tile.
@@ -293,6 +300,34 @@ struct item_queue {
         const int it = (int)ld_shared_u32(slot + 8 * sl);
         mbar_arrive_warp(empty + 8 * sl, lane);
         return it;
+    }
+};
+
+// The mbarriers of a warp-specialised forward (the 16-bit dense and
+// rectangle kernels, FP8), from `at` on, 8 bytes each: Q's full and empty
+// ones, a full and an empty one per K stage and per V stage, then the item
+// queue's (fwd_bars_bytes in all). A full barrier takes the loader's one
+// arrival (with its copies' bytes), an empty one the 8 consumer warps'.
+template <int KST, int VST>
+struct fwd_bars {
+    uint32_t qfull, qempty, kfull, kempty, vfull, vempty;
+    item_queue iq;
+
+    __device__ __forceinline__ explicit fwd_bars(uint32_t at)
+        : qfull(at), qempty(at + 8), kfull(at + 16), kempty(kfull + 8 * KST), vfull(kempty + 8 * KST),
+          vempty(vfull + 8 * VST), iq{vempty + 8 * VST, vempty + 8 * VST + 16, vempty + 8 * VST + 32}
+    {
+    }
+    // By one thread, before the block's first __syncthreads.
+    __device__ __forceinline__ void init() const
+    {
+        mbar_init(qfull, 1), mbar_init(qempty, 8);
+        for (int st = 0; st < KST; st++)
+            mbar_init(kfull + 8 * st, 1), mbar_init(kempty + 8 * st, 8);
+        for (int st = 0; st < VST; st++)
+            mbar_init(vfull + 8 * st, 1), mbar_init(vempty + 8 * st, 8);
+        iq.init();
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
 };
 
