@@ -139,6 +139,28 @@ __device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (
     wg::commit();
 }
 
+// Consumer c's turn of the warp-specialised kernels' ping-pong: after
+// named barrier 1 + c, issue S = Q K^T of the K tile at kt and, with_pv,
+// O += P V of the previous tile's V at vt, let the other consumer issue
+// (its barrier), and return once S is in (P V may still run).
+template <typename T, int DP>
+__device__ __forceinline__ void issue_turn(float (&s)[WG_BK / 8][4], float (&o)[DP / 8][4],
+                                           uint32_t (&pa)[WG_BK / 16][4], uint32_t qa, uint32_t kt, uint32_t vt,
+                                           bool with_pv, int c)
+{
+    named_sync(1 + c);
+    issue_s<T, DP>(s, o, pa, qa, kt);
+    if (with_pv) {
+        issue_pv<T, DP>(o, pa, vt);
+        named_arrive(2 - c);
+        wg::wait<1>();
+    } else {
+        named_arrive(2 - c);
+        wg::wait<0>();
+    }
+    reg_fence(s);
+}
+
 // With S of the tile in: its online softmax (MASKED a constant, so that no
 // branch separates the two waits, or the compiler waits for both), then the
 // wait for P V of the previous tile. The softmax's results are used before
@@ -441,17 +463,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
                 mbar_wait(kfull + 8 * ks, (gk / KST) & 1);
                 if (n > 0)
                     mbar_wait(vfull + 8 * vs, ((gk - 1) / VST) & 1);
-                named_sync(1 + c);
-                issue_s<T, DP>(s, o, pa, qa, Ks + ks * KB);
-                if (n > 0) {
-                    issue_pv<T, DP>(o, pa, Vs + vs * KB);
-                    named_arrive(2 - c);
-                    wg::wait<1>();
-                } else {
-                    named_arrive(2 - c);
-                    wg::wait<0>();
-                }
-                reg_fence(s);
+                issue_turn<T, DP>(s, o, pa, qa, Ks + ks * KB, Vs + vs * KB, n > 0, c);
                 mbar_arrive_warp(kempty + 8 * ks, lane); // K tile n is read
                 if (n == ntiles - 1)
                     mbar_arrive_warp(qempty, lane); // and Q, for this item
@@ -668,17 +680,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                         named_sync<128>(3 + c);
                     }
                 }
-                named_sync(1 + c);
-                issue_s<T, DP>(s, o, pa, qa, Ks + ks * KB);
-                if (n > 0) {
-                    issue_pv<T, DP>(o, pa, Vs + vs * KB);
-                    named_arrive(2 - c);
-                    wg::wait<1>();
-                } else {
-                    named_arrive(2 - c);
-                    wg::wait<0>();
-                }
-                reg_fence(s);
+                issue_turn<T, DP>(s, o, pa, qa, Ks + ks * KB, Vs + vs * KB, n > 0, c);
                 mbar_arrive_warp(kempty + 8 * ks, lane);
                 if (last)
                     mbar_arrive_warp(qempty, lane); // the item's last S product is done: Q is free
