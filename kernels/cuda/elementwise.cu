@@ -159,6 +159,53 @@ __global__ void drow_kernel(attn_params p)
     }
 }
 
+// The same for 16-bit dO and O whose head rows allow 16-byte loads: TPR
+// threads a row (TPR * 8 >= Dv where it can), each summing 8 products of a
+// chunk at a time. The old kernel's element loads through ld_f ran at a
+// sixth of the memory's speed. Every lane of a warp runs the same number of
+// rounds (rows past the end add nothing), so the shuffles see all lanes.
+template <typename T, int TPR>
+__global__ void drow16_kernel(attn_params p)
+{
+    const int64_t rows = (int64_t)p.B * p.H * p.Sq, step = (int64_t)gridDim.x * blockDim.x / TPR;
+    const int sub = threadIdx.x % TPR;
+    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / TPR, r0 = r - (threadIdx.x & 31) / TPR;
+         r0 < rows; r += step, r0 += step) {
+        float sum = 0.0f;
+        const int64_t i = r % p.Sq, bh = r / p.Sq, b = bh / p.H;
+        const int h = (int)(bh % p.H);
+        if (r < rows) {
+            const T *od = static_cast<const T *>(p.dout.p) + at(p.dout, b, i, h);
+            const T *oo = static_cast<const T *>(p.o.p) + at(p.o, b, i, h);
+            for (int d = sub * 8; d < p.Dv; d += TPR * 8) {
+                const uint4 x = *reinterpret_cast<const uint4 *>(od + d), y = *reinterpret_cast<const uint4 *>(oo + d);
+                const T *xs = reinterpret_cast<const T *>(&x), *ys = reinterpret_cast<const T *>(&y);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    sum += get_f(xs[e]) * get_f(ys[e]);
+            }
+        }
+#pragma unroll
+        for (int m = TPR / 2; m; m >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, m);
+        if (sub == 0 && r < rows)
+            p.drow[b * p.drb + h * p.drh + i] = sum;
+    }
+}
+
+template <typename T>
+cp_status launch_drow16(state *s, const attn_params &p, int64_t rows)
+{
+    const int chunks = p.Dv / 8;
+    auto kernel = chunks > 16 ? drow16_kernel<T, 32>
+                  : chunks > 8 ? drow16_kernel<T, 16>
+                  : chunks > 4 ? drow16_kernel<T, 8>
+                               : drow16_kernel<T, 4>;
+    const int tpr = chunks > 16 ? 32 : chunks > 8 ? 16 : chunks > 4 ? 8 : 4;
+    kernel<<<grid_for((size_t)rows * tpr, 256), 256, 0, s->stream>>>(p);
+    return check_launch("rowsum(dO * O) kernel");
+}
+
 } // namespace
 
 template <typename D, typename S>
@@ -293,6 +340,15 @@ cp_status launch_copy_2d(state *s, void *dst, size_t dpitch, const void *src, si
 cp_status launch_drow(state *s, const attn_params &p)
 {
     const int64_t rows = (int64_t)p.B * p.H * p.Sq;
+    auto rows16 = [&](const tensor &t) {
+        return (uintptr_t)t.p % 16 == 0 && t.sb % 8 == 0 && t.ss % 8 == 0 && t.sh % 8 == 0;
+    };
+    if (p.Dv % 8 == 0 && rows16(p.o) && rows16(p.dout)) {
+        if (p.odt == CP_DTYPE_BF16)
+            return launch_drow16<__nv_bfloat16>(s, p, rows);
+        if (p.odt == CP_DTYPE_F16)
+            return launch_drow16<__half>(s, p, rows);
+    }
     drow_kernel<<<grid_for((size_t)rows * 32, 256), 256, 0, s->stream>>>(p);
     return check_launch("rowsum(dO * O) kernel");
 }
