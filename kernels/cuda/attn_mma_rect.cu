@@ -41,8 +41,8 @@ __global__ void __launch_bounds__(128) fwd_rect_kernel(attn_params p)
     extern __shared__ __align__(16) unsigned char smem[];
     T *Qs = reinterpret_cast<T *>(smem), *Ks = Qs + BQ * PITCH, *Vs = Ks + BK * PITCH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int tile = p.rs.by_q.order[blockIdx.x / p.H];
-    const int h = (int)(blockIdx.x % p.H), hk = h / p.G;
+    const tile_head th = tile_head_at(p.rs.by_q, blockIdx.x);
+    const int tile = th.tile, h = th.h, hk = h / p.G;
     const int64_t b = blockIdx.z;
     const int64_t i0 = (int64_t)tile * BQ, nq = p.Sq - i0 < BQ ? p.Sq - i0 : BQ;
     const int wrow = warp * 16 * MT;
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(128) dkdv_rect_kernel(attn_params p)
     float *lse2s = reinterpret_cast<float *>(dOs + BQ * PITCH), *drs = lse2s + BQ;
     T *dSs = reinterpret_cast<T *>(drs + BQ);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int tile = p.rs.by_k.order[blockIdx.x / p.Hkv];
-    const int hk = (int)(blockIdx.x % p.Hkv);
+    const tile_head th = tile_head_at(p.rs.by_k, blockIdx.x);
+    const int tile = th.tile, hk = th.h;
     const int64_t k0 = (int64_t)tile * BK, nk = p.Sk - k0 < BK ? p.Sk - k0 : BK;
     const int64_t b = blockIdx.z / NCH;
     const int c0 = (int)(blockIdx.z % NCH) * DC;
@@ -316,8 +316,8 @@ __global__ void __launch_bounds__(128) dq_rect_kernel(attn_params p)
     extern __shared__ __align__(16) unsigned char smem[];
     T *Qs = reinterpret_cast<T *>(smem), *dOs = Qs + BQ * PITCH, *Ks = dOs + BQ * PITCH, *Vs = Ks + BK * PITCH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int tile = p.rs.by_q.order[blockIdx.x / p.H];
-    const int h = (int)(blockIdx.x % p.H), hk = h / p.G;
+    const tile_head th = tile_head_at(p.rs.by_q, blockIdx.x);
+    const int tile = th.tile, h = th.h, hk = h / p.G;
     const int64_t b = blockIdx.z;
     const int64_t i0 = (int64_t)tile * BQ, nq = p.Sq - i0 < BQ ? p.Sq - i0 : BQ;
     const int64_t row0 = i0 + warp * 16 + g;

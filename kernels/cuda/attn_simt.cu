@@ -361,8 +361,7 @@ __device__ __forceinline__ void tile_queries(const band &r, int64_t j0, int64_t 
     band_queries(r, kb - 1, &x, qhi);
 }
 
-// The forward over the query tile p.rs.by_q.order[blockIdx.x / H] of head
-// blockIdx.x % H: dense fwd_kernel's online softmax, through the key tiles of
+// The forward over a query tile of one head (tile_head_at): dense fwd_kernel's online softmax, through the key tiles of
 // every band of the tile.
 template <int R>
 __global__ void __launch_bounds__(R * TPR) fwd_rect_kernel(attn_params p)
@@ -372,8 +371,8 @@ __global__ void __launch_bounds__(R * TPR) fwd_rect_kernel(attn_params p)
     const int QP = pitch_row(D), KP = pitch_col(D), PP = pitch_row(R), OP = pitch_row(Dv);
     float *Qs = sm, *Ks = Qs + R * QP, *Vs = Ks + R * KP, *Ps = Vs + R * Dv, *Os = Ps + R * PP;
     const int r = threadIdx.x / TPR, c8 = threadIdx.x % TPR;
-    const int tile = p.rs.by_q.order[blockIdx.x / p.H];
-    const int h = (int)(blockIdx.x % p.H), hk = h / p.G;
+    const tile_head th = tile_head_at(p.rs.by_q, blockIdx.x);
+    const int tile = th.tile, h = th.h, hk = h / p.G;
     const int64_t b = blockIdx.z, i0 = (int64_t)tile * R, i = i0 + r;
     const int64_t nq = p.Sq - i0 < R ? p.Sq - i0 : R;
     const int bs = p.rs.by_q.start[tile], be = p.rs.by_q.start[tile + 1];
@@ -475,8 +474,7 @@ __device__ __forceinline__ void rect_p_ds(const attn_params &p, bool vis, float 
     *ds = vis ? g : 0.0f;
 }
 
-// dK, dV of the key tile p.rs.by_k.order[blockIdx.x / Hkv] of kv head
-// blockIdx.x % Hkv: per band, the query tiles (all heads of the group) that
+// dK, dV of a key tile of one kv head (tile_head_at): per band, the query tiles (all heads of the group) that
 // see its keys. The launch bounds allow 64 registers a thread (without a
 // block count the compiler aims at fewer and spills).
 template <int R>
@@ -488,8 +486,8 @@ __global__ void __launch_bounds__(R * TPR, 1024 / (R * TPR)) dkdv_rect_kernel(at
     float *Ks = sm, *Vs = Ks + R * KP, *dKs = Vs + R * VP, *dVs = dKs + R * KP, *Qs = dVs + R * VP;
     float *dOs = Qs + R * QP, *PTs = dOs + R * OP, *dSTs = PTs + R * PP, *lse2s = dSTs + R * PP, *drs = lse2s + R;
     const int r = threadIdx.x / TPR, c8 = threadIdx.x % TPR;
-    const int tile = p.rs.by_k.order[blockIdx.x / p.Hkv];
-    const int hk = (int)(blockIdx.x % p.Hkv);
+    const tile_head th = tile_head_at(p.rs.by_k, blockIdx.x);
+    const int tile = th.tile, hk = th.h;
     const int64_t b = blockIdx.z, k0 = (int64_t)tile * R, j = k0 + r;
     const int64_t nk = p.Sk - k0 < R ? p.Sk - k0 : R;
     const int bs = p.rs.by_k.start[tile], be = p.rs.by_k.start[tile + 1];
@@ -556,8 +554,8 @@ __global__ void __launch_bounds__(R * TPR, 1024 / (R * TPR)) dkdv_rect_kernel(at
         store_grad(const_cast<void *>(p.dv.p), p.gdt, ov + d, dVs[r * VP + d], p.grad_accumulate);
 }
 
-// dQ of the query tile p.rs.by_q.order[blockIdx.x / H] of head blockIdx.x %
-// H over the key tiles of its bands.
+// dQ of a query tile of one head (tile_head_at) over the key tiles of its
+// bands.
 template <int R>
 __global__ void __launch_bounds__(R * TPR) dq_rect_kernel(attn_params p)
 {
@@ -567,8 +565,8 @@ __global__ void __launch_bounds__(R * TPR) dq_rect_kernel(attn_params p)
     float *Qs = sm, *dQs = Qs + R * QP, *dOs = dQs + R * QP, *Ks = dOs + R * OP, *Vs = Ks + R * KP;
     float *dSs = Vs + R * VP;
     const int r = threadIdx.x / TPR, c8 = threadIdx.x % TPR;
-    const int tile = p.rs.by_q.order[blockIdx.x / p.H];
-    const int h = (int)(blockIdx.x % p.H), hk = h / p.G;
+    const tile_head th = tile_head_at(p.rs.by_q, blockIdx.x);
+    const int tile = th.tile, h = th.h, hk = h / p.G;
     const int64_t b = blockIdx.z, i0 = (int64_t)tile * R, i = i0 + r;
     const int64_t nq = p.Sq - i0 < R ? p.Sq - i0 : R;
     const int bs = p.rs.by_q.start[tile], be = p.rs.by_q.start[tile + 1];
@@ -647,7 +645,7 @@ cp_status launch(state *s, void (*kernel)(attn_params), const attn_params &p, in
 }
 
 // The tile index's launch: grid.x = tiles x heads (the kernel takes tile
-// order[x / heads], head x % heads), the batch in grid.z.
+// and head by tile_head_at), the batch in grid.z.
 template <template <int> class S, int R>
 cp_status launch_rect(state *s, void (*kernel)(attn_params), const attn_params &p, int ntiles, int heads,
                       const char *what)

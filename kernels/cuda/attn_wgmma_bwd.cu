@@ -286,17 +286,16 @@ __device__ __forceinline__ bwd_block bwd_item(const attn_params &p, int w)
 }
 
 // API 1.1: a key tile of the rectangle kernels: keys [k0, k0 + nk) of kv
-// head hk, batch b, tile p.rs.by_k.order[x] (most visible pairs first), the
-// bands bs..be of its list.
+// head hk, batch b, key tile `tile` of p.rs.by_k, the bands bs..be of its
+// list.
 struct bwd_rect {
     int64_t k0, nk, b;
     int hk, bs, be;
 };
 
-__device__ __forceinline__ bwd_rect bwd_rect_at(const attn_params &p, int x, int hk, int64_t b)
+__device__ __forceinline__ bwd_rect bwd_rect_at(const attn_params &p, int tile, int hk, int64_t b)
 {
     bwd_rect w;
-    const int tile = p.rs.by_k.order[x];
     w.k0 = (int64_t)tile * WB_BK;
     w.nk = p.Sk - w.k0 < WB_BK ? p.Sk - w.k0 : WB_BK;
     w.b = b;
@@ -306,12 +305,13 @@ __device__ __forceinline__ bwd_rect bwd_rect_at(const attn_params &p, int x, int
     return w;
 }
 
-// Work item `it` of the warp-specialised rectangle kernel: kv heads
-// fastest, then key tiles in the index's order, then batches.
+// Work item `it` of the warp-specialised rectangle kernel: key tiles
+// fastest, in the index's order, then kv heads (tile_head_at), then batches.
 __device__ __forceinline__ bwd_rect bwd_rect_item(const attn_params &p, int it)
 {
-    const int per_b = p.rs.by_k.ntiles * p.Hkv, rem = it % per_b;
-    return bwd_rect_at(p, rem / p.Hkv, rem % p.Hkv, it / per_b);
+    const int per_b = p.rs.by_k.ntiles * p.Hkv;
+    const tile_head th = tile_head_at(p.rs.by_k, it % per_b);
+    return bwd_rect_at(p, th.tile, th.h, it / per_b);
 }
 
 // A step of a key tile's walk: band bi of its list, head gq of the GQA
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(attn_params p)
 }
 
 // API 1.1: bwd_wgmma_kernel over a rectangle list. A block takes key tile
-// p.rs.by_k.order[x / Hkv] (128 keys) and walks, band by band and head by
+// and kv head (tile_head_at; 128 keys) and walks, band by band and head by
 // head of its GQA group, the query tiles of 64 rows that see its keys
 // (from the band's first such row); rows past the band's end load as zeros
 // (LSE -inf), and each key row masks with its band limits (key_limits).
@@ -509,7 +509,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_rect_kernel(attn_para
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
-    const bwd_rect w = bwd_rect_at(p, (int)(blockIdx.x / p.Hkv), (int)(blockIdx.x % p.Hkv), blockIdx.z);
+    const tile_head th = tile_head_at(p.rs.by_k, blockIdx.x);
+    const bwd_rect w = bwd_rect_at(p, th.tile, th.h, blockIdx.z);
     const int64_t b = w.b, k0 = w.k0;
     const int hk = w.hk, be = w.be;
     const int64_t jrow0 = k0 + wgi * 64 + warp * 16 + g; // this thread's keys: jrow0, jrow0 + 8

@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 }
 
 // API 1.1: fwd_wgmma_kernel's pipeline over a rectangle list. A block takes
-// query tile p.rs.by_q.order[x / H] (most work first) and walks the key tiles
+// query tile and head (tile_head_at: most work first) and walks the key tiles
 // of its bands (next_key_tile, mma.cuh): a key tile starts at the band's
 // first visible key and loads zeros past the band's keys; the softmax masks
 // with the band's limits per row unless the band covers the whole tile, and
@@ -278,8 +278,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_para
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + WG_KSTAGES * KB;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
-    const int tile = p.rs.by_q.order[blockIdx.x / p.H];
-    const int h = (int)(blockIdx.x % p.H), hk = h / p.G;
+    const tile_head th = tile_head_at(p.rs.by_q, blockIdx.x);
+    const int tile = th.tile, h = th.h, hk = h / p.G;
     const int64_t b = blockIdx.z;
     const int64_t i0 = (int64_t)tile * BQ, nq = p.Sq - i0 < BQ ? p.Sq - i0 : BQ;
     const int64_t row = i0 + wg * 64 + warp * 16 + g; // this thread's rows: row, row + 8
@@ -513,8 +513,8 @@ __device__ __forceinline__ void zero_tail(uint32_t vt, int z, int tid)
             wg::zero16(vt + (uint32_t)(kb * WG_BK + z) * 128 + (uint32_t)e * 16);
 }
 
-// The work item `it` of the rectangle kernel: query tile p.rs.by_q.order[x]
-// (most visible pairs first), heads fastest, then tiles, then batches.
+// The work item `it` of the rectangle kernel: query tiles fastest (most
+// visible pairs first), then heads (tile_head_at), then batches.
 struct rect_item {
     int64_t i0, nq;
     int h, hk, b, first, end; // bands p.rs.by_q.ids[first..end)
@@ -524,9 +524,10 @@ __device__ __forceinline__ rect_item rect_item_at(const attn_params &p, int it)
 {
     const int per_b = p.rs.by_q.ntiles * p.H, rem = it % per_b;
     rect_item w;
-    const int tile = p.rs.by_q.order[rem / p.H];
+    const tile_head th = tile_head_at(p.rs.by_q, rem);
+    const int tile = th.tile;
     w.b = it / per_b;
-    w.h = rem % p.H;
+    w.h = th.h;
     w.hk = w.h / p.G;
     w.i0 = (int64_t)tile * WG_BQ;
     w.nq = p.Sq - w.i0 < WG_BQ ? p.Sq - w.i0 : WG_BQ;

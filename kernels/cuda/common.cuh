@@ -131,6 +131,21 @@ struct tile_index {
     int tile, ntiles;
 };
 
+// Block or item x of a launch over an index's tiles for `heads` heads: the
+// tiles fastest, in the index's order (most work first), then the heads.
+// Blocks that run together then read the rows of one head, which they share
+// in L2; with the heads fastest, they read a different (document, head)'s
+// rows each, from memory.
+struct tile_head {
+    int tile, h;
+};
+
+__device__ __forceinline__ tile_head tile_head_at(const tile_index &t, int x)
+{
+    const int h = x / t.ntiles;
+    return tile_head{t.order[x - h * t.ntiles], h};
+}
+
 // The rectangle list of a call on the device (rect_upload, attn_rect.cu).
 struct rect_set {
     const band *bands;
