@@ -490,10 +490,20 @@ static cp_status fa_reduce(void *p, void *acc, const void *x, cp_dtype dtype, si
 
 /* Scratch sizes need not wait for the stream: they depend on the shape and
  * on the thread count of the streams' CPU states (one, all alike). */
+static atomic_int dq_sums; /* fakeasync_set_dq_sums */
+
+void fakeasync_set_dq_sums(int on)
+{
+    atomic_store(&dq_sums, on != 0);
+}
+
 static cp_status fa_attn_workspace_size(void *p, const cp_kernel_attn_args *a, int backward, size_t *bytes)
 {
     state *st = p;
-    return cpi_cpu_backend()->attn_workspace_size(st->streams[0]->cpu, a, backward, bytes);
+    CPI_TRY(cpi_cpu_backend()->attn_workspace_size(st->streams[0]->cpu, a, backward, bytes));
+    if (backward && !a->grad_accumulate && atomic_load(&dq_sums))
+        *bytes += (size_t)a->batch * (size_t)a->seq_q * (size_t)a->num_heads * (size_t)a->head_dim * 4;
+    return CP_SUCCESS;
 }
 
 /* A workspace too small is an argument error, reported when the kernel is

@@ -92,4 +92,11 @@ typedef struct fakeasync_queued {
 } fakeasync_queued;
 fakeasync_queued fakeasync_queued_ops(const void *state);
 
+/* on != 0: every state's attn_workspace_size asks, like the CUDA module's
+ * backward with 16-bit gradients, for fp32 dQ sums in the scratch of a
+ * backward that overwrites its gradients (grad_accumulate = 0): batch *
+ * seq_q * num_heads * head_dim * 4 bytes more than the CPU kernels need
+ * (which they do not use). Process-wide; 0 at start. */
+void fakeasync_set_dq_sums(int on);
+
 #endif

@@ -72,7 +72,7 @@ cp_status cpi_a2a_p2p_forward(cp_attn_plan *p, const cpi_fwd_args *a, cpi_arena 
      * into oh (sinks merge into the fp32 partial: not then) */
     int direct = 0;
     if (!d->sinks)
-        CPI_TRY(cpi_ring_direct(p, 0, &direct));
+        CPI_TRY(cpi_ring_direct(p, 0, 0, &direct));
     if (p->a2a_size > 1) {
         CPI_TRY(cpi_a2a_to_heads(p, &iq, send, recv));
         CPI_TRY(cpi_a2a_to_heads(p, &ik, send, recv));
@@ -130,9 +130,21 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
             dvh = cpi_tensor_take(p, ws, T, hkv, Dv, d->dtype);
         }
     }
-    cpi_tensor dq32 = cpi_tensor_take(p, ws, T, hq, D, CP_DTYPE_F32);
-    cpi_tensor dk32 = cpi_tensor_take(p, ws, T, hkv, D, CP_DTYPE_F32);
-    cpi_tensor dv32 = cpi_tensor_take(p, ws, T, hkv, Dv, CP_DTYPE_F32);
+    /* one kernel call makes the whole result (CP = 1, a2a without kv
+     * replicas): the gradients go straight into their storage type, and
+     * the fp32 partials are not taken (their bytes may serve the call's
+     * scratch) */
+    cpi_tensor dq32 = { NULL, T, hq, D, CP_DTYPE_F32 }, dk32 = { NULL, T, hkv, D, CP_DTYPE_F32 },
+               dv32 = { NULL, T, hkv, Dv, CP_DTYPE_F32 };
+    int direct = 0;
+    if (!replicas && !ws->measuring)
+        CPI_TRY(cpi_ring_direct(
+            p, 1, cpi_tensor_bytes(p, &dq32) + cpi_tensor_bytes(p, &dk32) + cpi_tensor_bytes(p, &dv32), &direct));
+    if (!direct) {
+        dq32.data = cpi_arena_take(ws, cpi_tensor_bytes(p, &dq32));
+        dk32.data = cpi_arena_take(ws, cpi_tensor_bytes(p, &dk32));
+        dv32.data = cpi_arena_take(ws, cpi_tensor_bytes(p, &dv32));
+    }
     const cpi_a2a_item iq = { &uq, NULL, &qh, NULL, 0 }, ik = { &uk, NULL, &kh, NULL, 1 },
                        iv = { &uv, NULL, &vh, NULL, 1 }, io = { &uo, NULL, &oh, NULL, 0 },
                        ido = { &udo, NULL, &doh, NULL, 0 }, il = { NULL, &ulse, NULL, &lseh, 0 },
@@ -150,11 +162,6 @@ cp_status cpi_a2a_p2p_backward(cp_attn_plan *p, const cpi_bwd_args *a, cpi_arena
     if (ws->measuring)
         return cpi_ring_backward(p, &qh, &kh, &vh, &oh, &lseh, &doh, &dq32, &dk32, &dv32, NULL, ws);
 
-    /* one kernel call makes the whole result (CP = 1, a2a without kv
-     * replicas): the gradients go straight into their storage type */
-    int direct = 0;
-    if (!replicas)
-        CPI_TRY(cpi_ring_direct(p, 1, &direct));
     const cpi_tensor *fin[3] = { &udq, &udk, &udv };
     if (p->a2a_size > 1)
         fin[0] = &dqh, fin[1] = &dkh, fin[2] = &dvh;

@@ -51,7 +51,9 @@ typedef struct ring_bufs {
     size_t scratch_bytes;
 } ring_bufs;
 
-static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tensor *v, int backward,
+/* direct: the scratch of a direct call (cpi_ring_direct), which may be more
+ * than the regular call's where the caller gave up its fp32 partials */
+static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tensor *v, int backward, int direct,
                            cpi_arena *ws, ring_bufs *b)
 {
     if (p->ring_size > 1) {
@@ -65,7 +67,7 @@ static cp_status take_bufs(cp_attn_plan *p, const cpi_tensor *k, const cpi_tenso
         }
     }
     CPI_TRY(
-        cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, 0, &b->scratch_bytes));
+        cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, direct, &b->scratch_bytes));
     b->scratch = cpi_arena_take(ws, b->scratch_bytes);
     return cpi_arena_check(ws, "the ring's buffers");
 }
@@ -309,7 +311,7 @@ static cp_status shift(cp_attn_plan *p, const cpi_ring *r, int dir, const cpi_te
             goto end;                                                             \
     } while (0)
 
-cp_status cpi_ring_direct(const cp_attn_plan *p, int backward, int *direct)
+cp_status cpi_ring_direct(const cp_attn_plan *p, int backward, size_t spare, int *direct)
 {
     *direct = 0;
     if (p->ring_size != 1)
@@ -319,11 +321,13 @@ cp_status cpi_ring_direct(const cp_attn_plan *p, int backward, int *direct)
     CPI_TRY(cpi_attend_single(p, t, t, &one));
     if (!one)
         return CP_SUCCESS;
-    /* the scratch the workspace holds (take_bufs) must do for the call */
+    /* the workspace was measured for the regular call: its scratch, and the
+     * partials (spare bytes) the caller does not take when direct; each
+     * take may lose up to 255 bytes to alignment */
     size_t have, need;
     CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, 0, &have));
     CPI_TRY(cpi_attend_scratch(p, p->max_rows, p->max_rows, p->heads.hq, p->heads.hkv, backward, 1, &need));
-    *direct = need <= have;
+    *direct = need <= have || (spare > 1024 && need <= have + spare - 1024);
     return CP_SUCCESS;
 }
 
@@ -332,7 +336,7 @@ cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tenso
                            const cpi_tensor *o_final, cpi_arena *ws)
 {
     ring_bufs b = { 0 };
-    CPI_TRY(take_bufs(p, k, v, 0, ws, &b));
+    CPI_TRY(take_bufs(p, k, v, 0, o_final != NULL, ws, &b));
     if (ws->measuring)
         return CP_SUCCESS;
 
@@ -382,7 +386,7 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
                             const cpi_tensor *const *fin, cpi_arena *ws)
 {
     ring_bufs b = { 0 };
-    CPI_TRY(take_bufs(p, k, v, 1, ws, &b));
+    CPI_TRY(take_bufs(p, k, v, 1, fin != NULL, ws, &b));
     /* rowsum(dO * O) of the queries: the first call over a span stores it,
      * the other R - 1 steps read it */
     float *drow = cpi_drow_take(p, ws, lse->ntok, lse->heads);

@@ -139,7 +139,8 @@ bool cpi_ring_bwd_idle(const cpi_ring *r, int step, int kv);
  * cpi_ring_direct): the forward stores the final output in o_final instead of
  * merging into o32 (which the caller then neither clears nor converts),
  * the backward the final gradients in fin[0..2] instead of adding into
- * dq32, dk32, dv32 (which it does not clear then). NULL: not direct. */
+ * dq32, dk32, dv32 (which it neither clears nor reads then: the caller
+ * need not take them). NULL: not direct. */
 cp_status cpi_ring_forward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tensor *k, const cpi_tensor *v,
                            const cpi_tensor *o32, const cpi_lse *lse, const cpi_descale *descale,
                            const cpi_tensor *o_final, cpi_arena *ws);
@@ -149,8 +150,10 @@ cp_status cpi_ring_backward(cp_attn_plan *p, const cpi_tensor *q, const cpi_tens
                             const cpi_tensor *const *fin, cpi_arena *ws);
 /* *direct = whether this rank's ring can run direct: one member, its block
  * (its token set against itself) one kernel call, and the call's scratch
- * no more than the workspace holds (the CUDA backward with 16-bit
- * gradients sums dQ in fp32 scratch of its own: not direct there). */
-cp_status cpi_ring_direct(const cp_attn_plan *p, int backward, int *direct);
+ * no more than the workspace holds for the regular call: its scratch plus
+ * `spare`, the bytes of the fp32 partials the caller then does not take
+ * (the CUDA backward with 16-bit gradients sums dQ in fp32 scratch of its
+ * own, as big as the partial dQ). */
+cp_status cpi_ring_direct(const cp_attn_plan *p, int backward, size_t spare, int *direct);
 
 #endif
