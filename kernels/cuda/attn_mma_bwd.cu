@@ -284,6 +284,54 @@ __global__ void dq_finish_kernel(attn_params p, const float *sums)
     }
 }
 
+// The same for a 16-bit dq and sums whose rows allow 16-byte accesses: TPR
+// threads a row (TPR * 8 >= D where it can), eight values a thread at a
+// time. The kernel above (a block a row, one element a thread through
+// st_f's dtype switch) moved 384 MiB in 349 us on the H100 (32k tokens,
+// 16 heads, D = 128), a third of the memory's speed.
+template <typename T, int TPR>
+__global__ void dq_finish16_kernel(attn_params p, const float *sums)
+{
+    const int64_t rows = (int64_t)p.B * p.Sq * p.H, step = (int64_t)gridDim.x * blockDim.x / TPR;
+    T *dq = static_cast<T *>(const_cast<void *>(p.dq.p));
+    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / TPR; r < rows; r += step) {
+        const int h = (int)(r % p.H);
+        const int64_t i = r / p.H % p.Sq, b = r / p.H / p.Sq;
+        T *o = dq + at(p.dq, b, i, h);
+        const float *src = sums + at(p.dqa, b, i, h);
+        for (int d = (int)(threadIdx.x % TPR) * 8; d < p.D; d += TPR * 8) {
+            const float4 x0 = *reinterpret_cast<const float4 *>(src + d),
+                         x1 = *reinterpret_cast<const float4 *>(src + d + 4);
+            float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            uint4 y;
+            T *ys = reinterpret_cast<T *>(&y);
+            if (p.grad_accumulate) {
+                y = *reinterpret_cast<const uint4 *>(o + d);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[e] += get_f(ys[e]);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                put_f(ys[e], v[e]);
+            *reinterpret_cast<uint4 *>(o + d) = y;
+        }
+    }
+}
+
+template <typename T>
+void launch_finish16(state *s, const attn_params &p, const float *sums, int64_t rows)
+{
+    const int chunks = p.D / 8;
+    const int tpr = chunks > 16 ? 32 : chunks > 8 ? 16 : chunks > 4 ? 8 : 4;
+    auto kernel = tpr == 32 ? dq_finish16_kernel<T, 32>
+                  : tpr == 16 ? dq_finish16_kernel<T, 16>
+                  : tpr == 8  ? dq_finish16_kernel<T, 8>
+                              : dq_finish16_kernel<T, 4>;
+    const int64_t want = (rows * tpr + 255) / 256;
+    kernel<<<(unsigned)(want < 65536 ? want : 65536), 256, 0, s->stream>>>(p, sums);
+}
+
 int finish_threads(int D)
 {
     return D <= 64 ? 64 : 128;
@@ -292,6 +340,17 @@ int finish_threads(int D)
 cp_status launch_finish(state *s, const attn_params &p, const float *sums)
 {
     const int64_t rows = (int64_t)p.B * p.Sq * p.H;
+    auto rows16 = [](const tensor &t, int per) {
+        return (uintptr_t)t.p % 16 == 0 && t.sb % per == 0 && t.ss % per == 0 && t.sh % per == 0;
+    };
+    if (sums && p.D % 8 == 0 && rows16(p.dq, 8) && rows16(p.dqa, 4) &&
+        (p.gdt == CP_DTYPE_BF16 || p.gdt == CP_DTYPE_F16)) {
+        if (p.gdt == CP_DTYPE_BF16)
+            launch_finish16<__nv_bfloat16>(s, p, sums, rows);
+        else
+            launch_finish16<__half>(s, p, sums, rows);
+        return check_launch("attention backward dQ finish (mma)");
+    }
     const int64_t blocks = rows < 65536 ? rows : 65536;
     dq_finish_kernel<<<(unsigned)blocks, finish_threads(p.D), 0, s->stream>>>(p, sums);
     return check_launch("attention backward dQ finish (mma)");
