@@ -151,8 +151,16 @@ static ALWAYS_INLINE void softmax_bwd_row(const bool CAP, float *s, float *dp, c
         vstore(s + j, vzero());
         vstore(dp + j, vzero());
     }
+    const vf one = vset1(1.0f);
     for (; j < end; j += VL) {
         vf p = vexp2(vfma(vload(s + j), vc, nl));
+        /* P <= 1 in exact arithmetic, but where the scores are huge (a
+         * softcap of 1e10 with a like scale) the score recomputed here may
+         * exceed the forward's LSE by far more than 1 (an ulp of 1e10 is
+         * 1024): 2^that saturates, and scale * P * dP overflows to inf and
+         * then NaN. Clamped, P stays a probability; NaN stays NaN (NaN > 1
+         * is false) */
+        p = vselect(p > one, one, p);
         vf ds = vscale * p * (vload(dp + j) - d);
         if (CAP)
             ds = ds * vload(dt + j);

@@ -206,6 +206,11 @@ KERNEL_RECTS = {
     "softcap-below-fp32": kernel_rects(dtype=F16, fmt=SBHD, f32_out=1, acc=1, gacc=1, dim=8, sq=150, sk=1,
                                        q_off=16384, scale=8.179103587778735e-227, window=14074264231608321,
                                        softcap=1.5244092869938126e-261, rect_list=1),
+    # found by the fuzzer: scale and softcap of 1e16, scores of that size; the backward's recomputed
+    # score passed the forward's LSE by far more than 1 and 2^that overflowed the gradients
+    "huge-scale-and-softcap": kernel_rects(dim=8, sq=300, sk=300, q_off=1407649761459968,
+                                           scale=1.0843961455707782e16, window=4846791580151137024,
+                                           softcap=1.0843961455707782e16, rect_list=1),
 }
 
 for name, data in ATTN.items():
