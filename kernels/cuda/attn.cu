@@ -143,9 +143,7 @@ cp_status make_params(const cp_kernel_attn_args *a, int backward, const char *fu
     // dims of whole 16-byte chunks.
     const size_t es = a->dtype == CP_DTYPE_F32 ? 4 : fp8 ? 1 : 2;
     const int64_t per = (int64_t)(16 / es);
-    auto aligned = [&](const tensor &t) {
-        return (uintptr_t)t.p % 16 == 0 && t.sb % per == 0 && t.ss % per == 0 && t.sh % per == 0;
-    };
+    auto aligned = [&](const tensor &t) { return rows_16b(t, per); };
     p->vec = p->D % per == 0 && p->Dv % per == 0 && aligned(p->q) && aligned(p->k) && aligned(p->v) &&
              (!backward || a->o_dtype != a->dtype || aligned(p->dout));
     return CP_SUCCESS;

@@ -322,8 +322,7 @@ __global__ void dq_finish16_kernel(attn_params p, const float *sums)
 template <typename T>
 void launch_finish16(state *s, const attn_params &p, const float *sums, int64_t rows)
 {
-    const int chunks = p.D / 8;
-    const int tpr = chunks > 16 ? 32 : chunks > 8 ? 16 : chunks > 4 ? 8 : 4;
+    const int tpr = threads_per_row(p.D / 8);
     auto kernel = tpr == 32 ? dq_finish16_kernel<T, 32>
                   : tpr == 16 ? dq_finish16_kernel<T, 16>
                   : tpr == 8  ? dq_finish16_kernel<T, 8>
@@ -340,10 +339,7 @@ int finish_threads(int D)
 cp_status launch_finish(state *s, const attn_params &p, const float *sums)
 {
     const int64_t rows = (int64_t)p.B * p.Sq * p.H;
-    auto rows16 = [](const tensor &t, int per) {
-        return (uintptr_t)t.p % 16 == 0 && t.sb % per == 0 && t.ss % per == 0 && t.sh % per == 0;
-    };
-    if (sums && p.D % 8 == 0 && rows16(p.dq, 8) && rows16(p.dqa, 4) &&
+    if (sums && p.D % 8 == 0 && rows_16b(p.dq, 8) && p.dqa_vec &&
         (p.gdt == CP_DTYPE_BF16 || p.gdt == CP_DTYPE_F16)) {
         if (p.gdt == CP_DTYPE_BF16)
             launch_finish16<__nv_bfloat16>(s, p, sums, rows);
@@ -358,7 +354,7 @@ cp_status launch_finish(state *s, const attn_params &p, const float *sums)
 
 bool dqa_aligned(const tensor &t)
 {
-    return (uintptr_t)t.p % 16 == 0 && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
+    return rows_16b(t, 4);
 }
 
 // Columns of the fp32 dQ sums in the workspace: D rounded up to 4, so that

@@ -86,6 +86,21 @@ struct tensor {
     int64_t sb, ss, sh;
 };
 
+// Whether t's head rows allow 16-byte accesses: its base on 16 bytes and its
+// strides multiples of `per`, the elements in 16 bytes.
+inline bool rows_16b(const tensor &t, int64_t per)
+{
+    return (uintptr_t)t.p % 16 == 0 && t.sb % per == 0 && t.ss % per == 0 && t.sh % per == 0;
+}
+
+// Threads a row of `chunks` 16-byte chunks for the kernels that give a row
+// to a group of threads: the power of two in [4, 32] that covers them where
+// it can (a thread then takes chunk c, c + TPR, ...).
+inline int threads_per_row(int chunks)
+{
+    return chunks > 16 ? 32 : chunks > 8 ? 16 : chunks > 4 ? 8 : 4;
+}
+
 // ---------------------------------------------------------------------------
 // API 1.1: windows, softcaps and rectangle lists.
 //

@@ -196,12 +196,11 @@ __global__ void drow16_kernel(attn_params p)
 template <typename T>
 cp_status launch_drow16(state *s, const attn_params &p, int64_t rows)
 {
-    const int chunks = p.Dv / 8;
-    auto kernel = chunks > 16 ? drow16_kernel<T, 32>
-                  : chunks > 8 ? drow16_kernel<T, 16>
-                  : chunks > 4 ? drow16_kernel<T, 8>
-                               : drow16_kernel<T, 4>;
-    const int tpr = chunks > 16 ? 32 : chunks > 8 ? 16 : chunks > 4 ? 8 : 4;
+    const int tpr = threads_per_row(p.Dv / 8);
+    auto kernel = tpr == 32   ? drow16_kernel<T, 32>
+                  : tpr == 16 ? drow16_kernel<T, 16>
+                  : tpr == 8  ? drow16_kernel<T, 8>
+                              : drow16_kernel<T, 4>;
     kernel<<<grid_for((size_t)rows * tpr, 256), 256, 0, s->stream>>>(p);
     return check_launch("rowsum(dO * O) kernel");
 }
@@ -340,10 +339,7 @@ cp_status launch_copy_2d(state *s, void *dst, size_t dpitch, const void *src, si
 cp_status launch_drow(state *s, const attn_params &p)
 {
     const int64_t rows = (int64_t)p.B * p.H * p.Sq;
-    auto rows16 = [&](const tensor &t) {
-        return (uintptr_t)t.p % 16 == 0 && t.sb % 8 == 0 && t.ss % 8 == 0 && t.sh % 8 == 0;
-    };
-    if (p.Dv % 8 == 0 && rows16(p.o) && rows16(p.dout)) {
+    if (p.Dv % 8 == 0 && rows_16b(p.o, 8) && rows_16b(p.dout, 8)) {
         if (p.odt == CP_DTYPE_BF16)
             return launch_drow16<__nv_bfloat16>(s, p, rows);
         if (p.odt == CP_DTYPE_F16)
