@@ -78,6 +78,15 @@ constexpr int wgmma_ws_smem(int DP)
     return wgmma_smem(DP) + wg::fwd_bars_bytes(WG_KSTAGES, WG_VSTAGES);
 }
 
+// The rectangle kernel's item slots carry the item and its first bands
+// (rect_stash) beside the queue's numbers, after the barriers.
+constexpr int RECT_STASH_BANDS = 4;
+constexpr int rect_stash_bytes = 2 * (48 + RECT_STASH_BANDS * 64);
+constexpr int rect_ws_smem(int DP)
+{
+    return wgmma_ws_smem(DP) + 16 + rect_stash_bytes;
+}
+
 // Tensor maps of q, k, v and v's copy without non-finite values (the
 // non-finite guard's, or v again without one), in this order, for the loader.
 using wg_maps = wg::tmaps<4>;
@@ -567,6 +576,22 @@ __device__ __forceinline__ rect_limits rect_limits_of(const band &r, int64_t i0,
     return L;
 }
 
+// What the loader passes on with an item of the rectangle kernel, in the
+// item's slot (two, as the queue's): the item decoded and its first bands,
+// so that the consumers start an item without a chain of global loads
+// (order, start, ids, bands) after the previous one's store.
+struct rect_stash {
+    rect_item w;
+    band b[RECT_STASH_BANDS];
+};
+static_assert(sizeof(rect_item) <= 48 && sizeof(rect_stash) <= 48 + RECT_STASH_BANDS * 64, "rect_stash_bytes");
+
+// Band i of item w (w.first <= i < w.end): from the stash where it holds it.
+__device__ __forceinline__ band stash_band(const attn_params &p, const rect_stash &st, int i)
+{
+    return i - st.w.first < RECT_STASH_BANDS ? st.b[i - st.w.first] : p.rs.bands[p.rs.by_q.ids[i]];
+}
+
 #endif // CP_WGMMA_BODY
 
 // API 1.1 on the warp-specialised pipeline (fwd_wgmma_ws_kernel's loader,
@@ -596,6 +621,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const uint32_t qfull = bars.qfull, qempty = bars.qempty, kfull = bars.kfull, kempty = bars.kempty,
                    vfull = bars.vfull, vempty = bars.vempty;
     const item_queue iq = bars.iq;
+    // the two slots' stashes, 16-byte aligned after the barriers
+    constexpr uint32_t BARS = wg::fwd_bars_bytes(KST, VST);
+    rect_stash *const stash =
+        reinterpret_cast<rect_stash *>(smem + (((Vs + VST * KB + BARS + 15) & ~15u) - smem_addr(smem)));
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     const int lane = threadIdx.x & 31;
 
@@ -609,10 +638,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             const int vmap = p.vflag && *p.vflag ? 3 : 2;
             int g = 0, nql = 0;
             for (int k = 0;; k++) {
-                const int it = iq.post(k, items, counter);
-                if (it >= items)
+                const int it = iq.take(k, items, counter);
+                if (it >= items) {
+                    iq.publish(k);
                     break;
+                }
                 const rect_item w = rect_item_at(p, it);
+                rect_stash &st = stash[k & 1];
+                st.w = w;
+                for (int j = 0; j < RECT_STASH_BANDS && w.first + j < w.end; j++)
+                    st.b[j] = p.rs.bands[p.rs.by_q.ids[w.first + j]];
+                iq.publish(k);
                 int bi = w.first;
                 if (bi >= w.end)
                     continue;
@@ -644,10 +680,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const uint32_t qa = Qs + c * 64 * 128;
         int g0 = 0, nqc = 0; // key tiles and Q tiles of the items before
         for (int k = 0;; k++) {
-            const int it = iq.next(k, lane);
-            if (it >= items)
+            if (iq.peek(k) >= items)
                 break;
-            const rect_item w = rect_item_at(p, it);
+            const rect_stash &st = stash[k & 1];
+            const rect_item w = st.w;
             const int64_t i0 = w.i0, row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
             float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
             uint32_t pa[BK / 16][4];
@@ -660,7 +696,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             int64_t ck0 = 0, ckhi = 0;
             rect_limits L;
             if (cbi < w.end) {
-                const band r = p.rs.bands[p.rs.by_q.ids[cbi]];
+                const band r = stash_band(p, st, cbi);
                 band_rows_keys(r, i0, w.nq, &ck0, &ckhi);
                 L = rect_limits_of(r, i0, row);
                 mbar_wait(qfull, nqc & 1);
@@ -716,11 +752,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 tail = L.k1 - ck0 < BK ? (int)(L.k1 - ck0) : BK;
                 ck0 += BK;
                 if (ck0 >= ckhi && ++cbi < w.end) { // the next band
-                    const band r = p.rs.bands[p.rs.by_q.ids[cbi]];
+                    const band r = stash_band(p, st, cbi);
                     band_rows_keys(r, i0, w.nq, &ck0, &ckhi);
                     L = rect_limits_of(r, i0, row);
                 }
             }
+            iq.release(k, lane); // the item's stash is read
             if (n > 0) {
                 const int gk = g0 + n - 1, vs = gk % VST;
                 mbar_wait(vfull + 8 * vs, (gk / VST) & 1);
@@ -785,14 +822,14 @@ bool launch_rect_ws(state *s, const attn_params &p, cp_status *r)
 {
     const int64_t items = (int64_t)p.rs.by_q.ntiles * p.H * p.B;
     wg_maps mp;
-    if (!(s->knob.wgmma_ws && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
+    if (!(s->knob.wgmma_ws && rect_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
           items + s->sm_count <= INT32_MAX &&
           wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
           wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
           wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK) &&
           wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)))
         return false;
-    constexpr int bytes = wgmma_ws_smem(DP);
+    constexpr int bytes = rect_ws_smem(DP);
     // CAP: a softcap (every tile through softmax_band); POS (no softcap and
     // a positive scale): whole tiles take the dense kernel's softmax with
     // one multiply-add a probability

@@ -435,6 +435,21 @@ __device__ __forceinline__ void store_merged(void *o, cp_dtype t, int64_t i, flo
     st_f(o, t, i, w1 != 0.0f ? w1 * old + w2 * v : w2 * v);
 }
 
+// Elements i, i + 1 of a BF16 (bf) or F16 tensor, 4-byte aligned, as
+// store_merged does each.
+__device__ __forceinline__ void store_merged2(void *o, bool bf, int64_t i, float v0, float v1, float w1, float w2)
+{
+    if (bf) {
+        __nv_bfloat162 *q = reinterpret_cast<__nv_bfloat162 *>(static_cast<__nv_bfloat16 *>(o) + i);
+        const float2 old = w1 != 0.0f ? __bfloat1622float2(*q) : make_float2(0.0f, 0.0f);
+        *q = __floats2bfloat162_rn(w1 != 0.0f ? w1 * old.x + w2 * v0 : w2 * v0, w1 != 0.0f ? w1 * old.y + w2 * v1 : w2 * v1);
+    } else {
+        __half2 *q = reinterpret_cast<__half2 *>(static_cast<__half *>(o) + i);
+        const float2 old = w1 != 0.0f ? __half22float2(*q) : make_float2(0.0f, 0.0f);
+        *q = __floats2half2_rn(w1 != 0.0f ? w1 * old.x + w2 * v0 : w2 * v0, w1 != 0.0f ? w1 * old.y + w2 * v1 : w2 * v1);
+    }
+}
+
 __device__ __forceinline__ void store_grad(void *o, cp_dtype t, int64_t i, float v, int accumulate)
 {
     st_f(o, t, i, accumulate ? ld_f(o, t, i) + v : v);

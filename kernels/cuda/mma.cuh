@@ -348,6 +348,26 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
     };
     if (p.odt != CP_DTYPE_F32) {
         weights();
+        // a thread's columns d, d + 1 (d even) as one 4-byte store where the
+        // rows allow it: half the store instructions, no dtype switch each
+        const bool pair = (p.odt == CP_DTYPE_BF16 || p.odt == CP_DTYPE_F16) && p.Dv % 2 == 0 &&
+                          (uintptr_t)op % 4 == 0 && (p.o.sb | p.o.ss | p.o.sh) % 2 == 0;
+        if (pair) {
+            const bool bf = p.odt == CP_DTYPE_BF16;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (!live[r])
+                    continue;
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) {
+                    const int d = nb * 8 + 2 * tq;
+                    if (d < p.Dv)
+                        store_merged2(op, bf, ob[r] + d, acc[nb][2 * r] * inv[r], acc[nb][2 * r + 1] * inv[r], w1[r],
+                                      w2[r]);
+                }
+            }
+            return;
+        }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             if (!live[r])

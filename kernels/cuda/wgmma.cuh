@@ -71,7 +71,7 @@ bool make_row_map(CUtensorMap *map, int (&pos)[3], const float *base, int64_t n,
 
 // Bytes of the barriers of a warp-specialised forward with kst K and vst V
 // stages (fwd_bars).
-constexpr int fwd_bars_bytes(int kst, int vst)
+__host__ __device__ constexpr int fwd_bars_bytes(int kst, int vst)
 {
     return 8 * (2 + 2 * kst + 2 * vst) + 3 * 16;
 }
@@ -272,8 +272,9 @@ struct item_queue {
         for (int sl = 0; sl < 2; sl++)
             mbar_init(full + 8 * sl, 1), mbar_init(empty + 8 * sl, 8);
     }
-    // The loader thread: take item k of this block and post it.
-    __device__ __forceinline__ int post(int k, int items, int *counter) const
+    // The loader thread: take item k of this block into its slot; publish
+    // passes it on (take, then publish: room to put more beside it).
+    __device__ __forceinline__ int take(int k, int items, int *counter) const
     {
         const int sl = k & 1;
         if (k >= 2)
@@ -289,16 +290,32 @@ struct item_queue {
                 atomicExch(counter, 0);
         }
         st_shared_u32(slot + 8 * sl, (uint32_t)it);
-        mbar_arrive_warp(full + 8 * sl, 0);
         return it;
     }
-    // A consumer warp: item k of this block.
-    __device__ __forceinline__ int next(int k, int lane) const
+    __device__ __forceinline__ void publish(int k) const { mbar_arrive_warp(full + 8 * (k & 1), 0); }
+    __device__ __forceinline__ int post(int k, int items, int *counter) const
+    {
+        const int it = take(k, items, counter);
+        publish(k);
+        return it;
+    }
+    // A consumer warp: item k of this block; release hands its slot back
+    // (next: both at once).
+    __device__ __forceinline__ int peek(int k) const
     {
         const int sl = k & 1;
         mbar_wait(full + 8 * sl, (uint32_t)(k >> 1) & 1);
-        const int it = (int)ld_shared_u32(slot + 8 * sl);
-        mbar_arrive_warp(empty + 8 * sl, lane);
+        return (int)ld_shared_u32(slot + 8 * sl);
+    }
+    __device__ __forceinline__ void release(int k, int lane) const
+    {
+        __syncwarp(); // every lane has read what lies beside the slot
+        mbar_arrive_warp(empty + 8 * (k & 1), lane);
+    }
+    __device__ __forceinline__ int next(int k, int lane) const
+    {
+        const int it = peek(k);
+        release(k, lane);
         return it;
     }
 };
