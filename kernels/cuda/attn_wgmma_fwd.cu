@@ -722,7 +722,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 if (last)
                     mbar_arrive_warp(qempty, lane); // the item's last S product is done: Q is free
                 if constexpr (M || CAP)
-                    softmax_band<NB, CAP ? 1 : 0>(s, m, l, alpha, p, !M, lo, hi, tq);
+                    softmax_band<NB, CAP ? 1 : 0, POS && !CAP>(s, m, l, alpha, p, !M, lo, hi, tq);
                 else // a whole tile: the dense kernel's softmax
                     softmax_tile<NB, POS>(s, m, l, alpha, p, false, 0, row, tq);
                 reg_fence(s);

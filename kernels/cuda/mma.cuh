@@ -301,6 +301,20 @@ __device__ __forceinline__ void scale_rows(float (&acc)[NB][4], const float (&al
 // the merge weights are computed; they depend on nothing but the running
 // LSE being finite (an empty running row, LSE -inf, may hold anything and
 // is not read).
+// Row r's pairs of a thread's C fragments (columns 8 nb + 2 tq, + 1) times
+// inv, at q[4 nb] (q: the row's pair at column 2 tq); cols: Dv - 2 tq.
+__device__ __forceinline__ void put_pair(__nv_bfloat162 *q, float a, float b) { *q = __floats2bfloat162_rn(a, b); }
+__device__ __forceinline__ void put_pair(__half2 *q, float a, float b) { *q = __floats2half2_rn(a, b); }
+
+template <int NB, typename V>
+__device__ __forceinline__ void store_pairs(V *q, const float (&acc)[NB][4], int r, float inv, int cols)
+{
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+        if (nb * 8 < cols)
+            put_pair(q + 4 * nb, acc[nb][2 * r] * inv, acc[nb][2 * r + 1] * inv);
+}
+
 template <int NB>
 __device__ __forceinline__ void store_rows(const attn_params &p, const float (&acc)[NB][4], const float (&m)[2],
                                            const float (&l)[2], int64_t row, int64_t b, int h, int tq)
@@ -358,6 +372,15 @@ __device__ __forceinline__ void store_rows(const attn_params &p, const float (&a
             for (int r = 0; r < 2; r++) {
                 if (!live[r])
                     continue;
+                if (!p.accumulate) { // w1 = 0, w2 = 1: one pointer a row, stores at fixed offsets
+                    if (bf)
+                        store_pairs(reinterpret_cast<__nv_bfloat162 *>(static_cast<__nv_bfloat16 *>(op) + ob[r]) + tq,
+                                    acc, r, inv[r], p.Dv - 2 * tq);
+                    else
+                        store_pairs(reinterpret_cast<__half2 *>(static_cast<__half *>(op) + ob[r]) + tq, acc, r,
+                                    inv[r], p.Dv - 2 * tq);
+                    continue;
+                }
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++) {
                     const int d = nb * 8 + 2 * tq;
@@ -645,20 +668,23 @@ __device__ __forceinline__ void key_limits(const band &r, int64_t j, int64_t i0,
 // new running maximum, alpha for the accumulators.
 // CAP: 1 or 0 where the caller knows whether there is a softcap (no
 // branch on it then: the wgmma kernels keep products in flight across this
-// code), -1 to ask p.
-template <int NB, int CAP = -1>
+// code), -1 to ask p. POS (CAP = 0 and p.c > 0): softmax_tile_c's one
+// multiply-add a probability, the maximum over the raw scores.
+template <int NB, int CAP = -1, bool POS = false>
 __device__ __forceinline__ void softmax_band(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              const attn_params &p, bool full, const int (&lo)[2],
                                              const int (&hi)[2], int tq)
 {
+    static_assert(!POS || CAP == 0, "POS: no softcap");
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nb = 0; nb < NB; nb++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            float x = CAP < 0 ? score2(p, s[nb][c])
-                      : CAP   ? p.cap_out * tanh_cap(s[nb][c] * p.cap_in)
-                              : s[nb][c] * p.c;
+            float x = POS     ? s[nb][c]
+                      : CAP < 0 ? score2(p, s[nb][c])
+                      : CAP     ? p.cap_out * tanh_cap(s[nb][c] * p.cap_in)
+                                : s[nb][c] * p.c;
             if (!full) {
                 const int col = nb * 8 + 2 * tq + (c & 1);
                 x = col >= lo[c >> 1] && col < hi[c >> 1] ? x : -INFINITY;
@@ -669,7 +695,7 @@ __device__ __forceinline__ void softmax_band(float (&s)[NB][4], float (&m)[2], f
     float mu[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const float mnew = fmaxf(m[r], quad_max(mx[r]));
+        const float mnew = fmaxf(m[r], POS ? quad_max(mx[r]) * p.c : quad_max(mx[r]));
         mu[r] = mnew == -INFINITY ? 0.0f : mnew;
         alpha[r] = exp2_fast(m[r] - mu[r]);
         m[r] = mnew;
@@ -679,7 +705,7 @@ __device__ __forceinline__ void softmax_band(float (&s)[NB][4], float (&m)[2], f
     for (int nb = 0; nb < NB; nb++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            s[nb][c] = exp2_fast(s[nb][c] - mu[c >> 1]);
+            s[nb][c] = exp2_fast(POS ? fmaf(s[nb][c], p.c, -mu[c >> 1]) : s[nb][c] - mu[c >> 1]);
             l[c >> 1] += s[nb][c];
         }
 }
