@@ -132,8 +132,13 @@ void build_index(const std::vector<band> &bands, int64_t n, int tile, bool by_ke
                      [&](int x, int y) { return cost[(size_t)x] > cost[(size_t)y]; });
 }
 
-// Pinned staging buffers, used in turn.
+// Pinned staging buffers, used in turn, and the memory pool of the device
+// copies. The copies are stream-ordered allocations, one per call and freed
+// after its kernels: the device's default pool hands its memory back at
+// every synchronisation, which made each call's cudaMallocAsync map memory
+// again (40-75 us); this pool keeps up to POOL_KEEP bytes.
 constexpr int STAGES = 16;
+constexpr uint64_t POOL_KEEP = 64ull << 20;
 struct stage_ring {
     struct slot {
         void *host = nullptr;
@@ -142,6 +147,7 @@ struct stage_ring {
         bool used = false;
     } slot[STAGES];
     int next = 0;
+    cudaMemPool_t pool = nullptr;
 };
 
 size_t align8(size_t n)
@@ -164,6 +170,8 @@ void rect_stage_free(state *s)
         if (sl.host)
             cudaFreeHost(sl.host);
     }
+    if (ring->pool) // (released once its last stream-ordered free has run)
+        cudaMemPoolDestroy(ring->pool);
     delete ring;
     s->rect_stage = nullptr;
 }
@@ -214,9 +222,22 @@ cp_status rect_upload(state *s, attn_params *p, int q_tile, int k_tile, void **b
             return fail(CP_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
     }
     stage_ring *ring = static_cast<stage_ring *>(s->rect_stage);
+    cudaError_t e;
+    if (!ring->pool) {
+        cudaMemPoolProps props = {};
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = s->device;
+        if ((e = cudaMemPoolCreate(&ring->pool, &props)) != cudaSuccess) {
+            ring->pool = nullptr;
+            return cuda_fail("cudaMemPoolCreate", e);
+        }
+        uint64_t keep = POOL_KEEP;
+        if ((e = cudaMemPoolSetAttribute(ring->pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess)
+            return cuda_fail("cudaMemPoolSetAttribute", e);
+    }
     auto &sl = ring->slot[ring->next];
     ring->next = (ring->next + 1) % STAGES;
-    cudaError_t e;
     if (sl.used && (e = cudaEventSynchronize(sl.done)) != cudaSuccess)
         return cuda_fail("cudaEventSynchronize", e);
     if (!sl.done && (e = cudaEventCreateWithFlags(&sl.done, cudaEventDisableTiming)) != cudaSuccess)
@@ -242,9 +263,9 @@ cp_status rect_upload(state *s, attn_params *p, int q_tile, int k_tile, void **b
             memcpy(h + off[i], arrays[i]->data(), arrays[i]->size() * sizeof(int));
 
     void *d = nullptr;
-    if ((e = cudaMallocAsync(&d, total, s->stream)) != cudaSuccess) {
+    if ((e = cudaMallocFromPoolAsync(&d, total, ring->pool, s->stream)) != cudaSuccess) {
         cudaGetLastError();
-        return fail(CP_ERROR_OUT_OF_MEMORY, "%s: cudaMallocAsync of %zu bytes: %s", what, total,
+        return fail(CP_ERROR_OUT_OF_MEMORY, "%s: cudaMallocFromPoolAsync of %zu bytes: %s", what, total,
                     cudaGetErrorString(e));
     }
     if ((e = cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, s->stream)) != cudaSuccess ||
