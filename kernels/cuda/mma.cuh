@@ -289,18 +289,6 @@ __device__ __forceinline__ void scale_rows(float (&acc)[NB][4], const float (&al
             acc[nb][c] *= alpha[c >> 1];
 }
 
-// The forward epilogue of a 16-row tile in C layout (rows row, row + 8 of
-// batch b, head h): normalise by the row sums and write o and the LSE, or
-// merge them into the running (o, lse). Every lane of the warp calls it.
-//
-// Merging into an F32 running output (every CP block after a row's first)
-// loads a chunk of (up to) 32 old values before it stores any: written load,
-// store, load, ... the loads cannot pass the stores before them, and each
-// CTA would wait out one memory latency per element (measured: +20-35 % on
-// the short blocks of a CP ring step). The first chunk's loads go out before
-// the merge weights are computed; they depend on nothing but the running
-// LSE being finite (an empty running row, LSE -inf, may hold anything and
-// is not read).
 // Row r's pairs of a thread's C fragments (columns 8 nb + 2 tq, + 1) times
 // inv, at q[4 nb] (q: the row's pair at column 2 tq); cols: Dv - 2 tq.
 __device__ __forceinline__ void put_pair(__nv_bfloat162 *q, float a, float b) { *q = __floats2bfloat162_rn(a, b); }
@@ -315,6 +303,18 @@ __device__ __forceinline__ void store_pairs(V *q, const float (&acc)[NB][4], int
             put_pair(q + 4 * nb, acc[nb][2 * r] * inv, acc[nb][2 * r + 1] * inv);
 }
 
+// The forward epilogue of a 16-row tile in C layout (rows row, row + 8 of
+// batch b, head h): normalise by the row sums and write o and the LSE, or
+// merge them into the running (o, lse). Every lane of the warp calls it.
+//
+// Merging into an F32 running output (every CP block after a row's first)
+// loads a chunk of (up to) 32 old values before it stores any: written load,
+// store, load, ... the loads cannot pass the stores before them, and each
+// CTA would wait out one memory latency per element (measured: +20-35 % on
+// the short blocks of a CP ring step). The first chunk's loads go out before
+// the merge weights are computed; they depend on nothing but the running
+// LSE being finite (an empty running row, LSE -inf, may hold anything and
+// is not read).
 template <int NB>
 __device__ __forceinline__ void store_rows(const attn_params &p, const float (&acc)[NB][4], const float (&m)[2],
                                            const float (&l)[2], int64_t row, int64_t b, int h, int tq)
