@@ -211,6 +211,16 @@ KERNEL_RECTS = {
     "huge-scale-and-softcap": kernel_rects(dim=8, sq=300, sk=300, q_off=1407649761459968,
                                            scale=1.0843961455707782e16, window=4846791580151137024,
                                            softcap=1.0843961455707782e16, rect_list=1),
+    # found by the fuzzer: the same scale in F16; dK of ~1e16 is past F16's 65504 and rightly inf,
+    # which the target took for a failure. Beside it the same call with F32 gradients, finite
+    "huge-scale-f16-gradients": kernel_rects(dtype=F16, causal=0, heads=1, dim=5, dim_v=1, sq=1792, sk=300,
+                                             q_off=1407649761459968, k_off=35, scale=1.0857155595302022e16,
+                                             window=4846791580151137024, softcap=1.0843959207560838e16,
+                                             rect_list=1),
+    "huge-scale-f32-gradients": kernel_rects(dtype=F16, causal=0, f32_out=1, heads=1, dim=5, dim_v=1, sq=1792,
+                                             sk=300, q_off=1407649761459968, k_off=35,
+                                             scale=1.0857155595302022e16, window=4846791580151137024,
+                                             softcap=1.0843959207560838e16, rect_list=1),
 }
 
 for name, data in ATTN.items():
