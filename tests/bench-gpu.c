@@ -15,7 +15,10 @@
  * BENCH_FP8=1 adds "infinicp-fp8": the same shapes' forward with q, k, v in
  * FP8 E4M3 (values in [-1, 1], descales of 1) and the output in BF16
  * (bwd_tflops 0: FP8 is forward only); its bf16 row is the one above it.
- * With --csv, BENCH_SHAPES=D:S:causal[,...] keeps only the shapes it lists
+ * With --csv, BENCH_DIMS=D[/Dv][,...] adds head dims to 64 and 128 (e.g.
+ * 256,192/128: head_dim 256 with 8 heads, MLA's q / k 192 and v 128 with 16;
+ * 2048 / Dv heads, FLOPs 2 B H S^2 (D + Dv), halved when causal),
+ * BENCH_SHAPES=D:S:causal[,...] keeps only the shapes it lists
  * (e.g. 128:4096:0), and BENCH_RING=1 makes every call one of the CP ring's:
  * the forward merges into an F32 running output (accumulate, as every ring
  * step after the first), the backward adds into F32 dQ / dK / dV sums and
@@ -76,6 +79,7 @@ typedef struct shape {
     int B, H, D;
     int64_t S;
     int causal;
+    int Dv; /* 0: D */
 } shape;
 
 static double time_call(void *st, int backward, cp_kernel_attn_args *a, int reps)
@@ -112,7 +116,9 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     a.format = CP_FORMAT_BSHD;
     a.batch = sh->B;
     a.num_heads = a.num_kv_heads = sh->H;
-    a.head_dim = a.head_dim_v = sh->D;
+    const int Dv = sh->Dv ? sh->Dv : sh->D;
+    a.head_dim = sh->D;
+    a.head_dim_v = Dv;
     a.seq_q = a.seq_k = sh->S;
     a.mask = sh->causal ? CP_MASK_CAUSAL : CP_MASK_NONE;
     a.softmax_scale = 1.0 / sqrt((double)sh->D);
@@ -129,7 +135,7 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
     void *ws = dev(st, (wf > wb ? wf : wb) + 1);
     a.workspace = ws;
     a.workspace_bytes = wf > wb ? wf : wb;
-    double flops = 4.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * sh->D * (sh->causal ? 0.5 : 1.0);
+    double flops = 2.0 * sh->B * sh->H * (double)sh->S * (double)sh->S * (sh->D + Dv) * (sh->causal ? 0.5 : 1.0);
     if (ring) {
         /* a first step writes the running output and LSE, which the timed
          * calls then merge into */
@@ -146,25 +152,27 @@ static void run(void *st, const char *path, cp_dtype dt, const shape *sh, void *
         tb = time_call(st, 1, &a, reps);
     }
     if (csv) {
-        printf("%s,%d,%lld,%d,%d,%d,%.2f,%.2f\n",
+        char dims[24];
+        snprintf(dims, sizeof dims, Dv == sh->D ? "%d" : "%d/%d", sh->D, Dv);
+        printf("%s,%s,%lld,%d,%d,%d,%.2f,%.2f\n",
                !strcmp(path, "mma-det")    ? "infinicp-det"
                : !strcmp(path, "fp8")      ? "infinicp-fp8"
                : !strcmp(path, "mma-w8")   ? "infinicp-w8"
                : !strcmp(path, "mma-sync") ? "infinicp-mma"
                                            : "infinicp",
-               sh->D,
+               dims,
                (long long)sh->S, sh->B, sh->H, sh->causal, flops / tf * 1e-12, 2.5 * flops / tb * 1e-12);
         fflush(stdout);
         ops->free(st, ws);
         return;
     }
-    printf("%-8s %-5s B=%d H=%-2d D=%-3d S=%-6lld %-6s fwd %8.3f ms %7.1f TFLOP/s   bwd %8.3f ms %7.1f TFLOP/s\n",
+    printf("%-8s %-5s B=%d H=%-2d D=%-3d Dv=%-3d S=%-6lld %-6s fwd %8.3f ms %7.1f TFLOP/s   bwd %8.3f ms %7.1f TFLOP/s\n",
            path,
            dt == CP_DTYPE_BF16  ? "bf16"
            : dt == CP_DTYPE_F16 ? "f16"
            : dt == CP_DTYPE_F32 ? "f32"
                                 : "fp8",
-           sh->B, sh->H, sh->D,
+           sh->B, sh->H, sh->D, Dv,
            (long long)sh->S, sh->causal ? "causal" : "full", tf * 1e3, flops / tf * 1e-12, tb * 1e3,
            2.5 * flops / tb * 1e-12);
     fflush(stdout);
@@ -229,8 +237,9 @@ int main(int argc, char **argv)
     setenv("INFINICP_CUDA_FWD_MT", "1", 1);
     void *mt1 = open_path("mma");
     unsetenv("INFINICP_CUDA_FWD_MT");
-    /* 16k tokens x 2048 values, every shape below; 32k for the CSV shapes */
-    const size_t n = (size_t)(csv ? 32768 : 16384) * 16 * 128;
+    /* 16k tokens x 2048 values, every shape below; 32k x 3072 for the CSV
+     * shapes (q / k of MLA's 192 with 16 heads) */
+    const size_t n = csv ? (size_t)32768 * 3072 : (size_t)16384 * 16 * 128;
     void *q = random_buffer(st, n, CP_DTYPE_BF16, 1), *k = random_buffer(st, n, CP_DTYPE_BF16, 2);
     void *v = random_buffer(st, n, CP_DTYPE_BF16, 3), *dout = random_buffer(st, n, CP_DTYPE_BF16, 4);
     /* room for F32 outputs and gradients (BENCH_RING) */
@@ -258,10 +267,19 @@ int main(int argc, char **argv)
         ring = getenv("BENCH_RING") && atoi(getenv("BENCH_RING"));
         drow = ring ? dev(st, (size_t)32768 * 32 * 4) : NULL;
         const char *only = getenv("BENCH_SHAPES");
-        for (int D = 64; D <= 128; D *= 2)
+        /* head dims (q / k, v): 64 and 128, then what BENCH_DIMS adds */
+        int dims[8][2] = {{64, 64}, {128, 128}}, nd = 2;
+        for (const char *e = getenv("BENCH_DIMS"); e && *e && nd < 8; e = strchr(e, ',') ? strchr(e, ',') + 1 : NULL) {
+            int d, dv;
+            const int got = sscanf(e, "%d/%d", &d, &dv);
+            if (got >= 1 && d >= 8 && d <= 256 && (got == 1 || (dv >= 8 && dv <= 256)))
+                dims[nd][0] = d, dims[nd][1] = got == 2 ? dv : d, nd++;
+        }
+        for (int di = 0; di < nd; di++)
             for (int64_t S = 1024; S <= 32768; S *= 2)
                 for (int causal = 0; causal < 2; causal++) {
-                    const shape sh = { S < 16384 ? (int)(16384 / S) : 1, 2048 / D, D, S, causal };
+                    const int D = dims[di][0], Dv = dims[di][1];
+                    const shape sh = { S < 16384 ? (int)(16384 / S) : 1, 2048 / Dv, D, S, causal, Dv };
                     if (only && !listed(only, D, S, causal))
                         continue;
                     run(st, "mma", CP_DTYPE_BF16, &sh, q, k, v, o, dout, dq, dk, dv, lse, reps);

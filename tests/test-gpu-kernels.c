@@ -470,6 +470,13 @@ static const blk cases[] = {
      * turn, the last key blocks seen by no query (items without tiles) */
     {"persistent-bwd-d128", 2, 8, 8, 128, 128, 100, 1300, 1000, 0, 1, CP_FORMAT_BSHD, 0},
     {"persistent-bwd-d64", 1, 24, 12, 64, 64, 130, 1500, 1200, 0, 1, CP_FORMAT_BSHD, 0},
+    /* head dims past 128 (the wgmma forward's 64-key tiles, the output's
+     * columns in two products; 192 / 128 is MLA's shape): several key tiles,
+     * partial last ones, and more items than SMs */
+    {"mha-d256-tiles", 1, 2, 2, 256, 256, 300, 333, 0, 0, 1, CP_FORMAT_BSHD, 0},
+    {"mla-d192-dv128", 2, 4, 2, 192, 128, 200, 270, 0, 30, 1, CP_FORMAT_BSHD, 0},
+    {"d160-full-sbhd", 1, 2, 1, 160, 160, 150, 200, 0, 0, 0, CP_FORMAT_SBHD, 0},
+    {"persistent-d256", 1, 16, 4, 256, 256, 1300, 700, 0, 100, 1, CP_FORMAT_BSHD, 0},
 };
 static const cp_dtype dtypes[] = {CP_DTYPE_F32, CP_DTYPE_F16, CP_DTYPE_BF16};
 static const char *dtype_name[] = {"f32", "f16", "bf16"};

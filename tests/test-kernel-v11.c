@@ -1167,6 +1167,34 @@ static void test_causal_in_pieces(void **state)
  * gradients. Head dims 16 and 96 (the kernels' 64 and 128), with and
  * without a window.
  */
+/* Head dims past 128: on Hopper the wgmma forward's 64-key tiles, its
+ * output columns in two products, and MLA's q / k 192 with v 128. Three
+ * documents of one packed row (the last two share a 128-row query tile), with
+ * no window, a window and a softcap. */
+static void test_wide_heads(void **state)
+{
+    (void)state;
+    const int dims[][2] = {{256, 256}, {192, 128}, {160, 160}};
+    const cp_dtype types[] = {CP_DTYPE_BF16, CP_DTYPE_F16};
+    for (int di = 0; di < 3; di++)
+        for (int ti = 0; ti < 2; ti++) {
+            if (!dtype_wanted(types[ti]))
+                continue;
+            for (int v = 0; v < 3; v++) {
+                if (quick() && v != di)
+                    continue;
+                kcase c = make_case(1, 300, 300, 4, 2, dims[di][0], dims[di][1], 1, types[ti], CP_FORMAT_BSHD);
+                c.nrects = 0;
+                add_rect(&c, 0, 90, 0, 90, 0, 0);
+                add_rect(&c, 90, 150, 90, 150, 0, 0);
+                add_rect(&c, 240, 60, 240, 60, 0, 0);
+                c.window = v == 1 ? 70 : 0;
+                c.softcap = v == 2 ? 15.0 : 0;
+                run_case(&c, 7000 + (uint64_t)(9 * di + 3 * ti + v));
+            }
+        }
+}
+
 static void test_unread_keys_nan(void **state)
 {
     (void)state;
@@ -1560,6 +1588,7 @@ int main(void)
         cmocka_unit_test(test_dense_is_one_rect),
         cmocka_unit_test(test_causal_in_pieces),
         cmocka_unit_test(test_unread_keys_nan),
+        cmocka_unit_test(test_wide_heads),
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_unsupported),

@@ -9,8 +9,8 @@
 // warpgroup owns 64 rows and keeps their output (fp32) and running max / sum
 // in registers, in the accumulator layout of wgmma, which per warp is the
 // m16n8 C layout of mma.sync: the softmax and the epilogue are the mma
-// kernel's (mma.cuh). Key tiles of 128 stream through shared memory with
-// cp.async, K double- and V triple-buffered, in the 128-byte swizzle that the
+// kernel's (mma.cuh). Key tiles of 128 (64 for head dims past 128, up to
+// 256: wg_bk) stream through shared memory with cp.async, K double- and V triple-buffered, in the 128-byte swizzle that the
 // wgmma shared-memory descriptors describe: 8-row x 128-byte atoms, 16-byte
 // chunk c of row r stored at chunk c ^ (r & 7), head columns in blocks of 64.
 // K is the K-major B of S = Q K^T; V, stored the same way ([key][dim]), is
@@ -60,14 +60,30 @@ using namespace mma;
 
 constexpr int WG_THREADS = 256; // two warpgroups
 constexpr int WG_BQ = 128;      // query rows per block, 64 per warpgroup
-constexpr int WG_BK = 128;      // keys per tile
 constexpr int WG_KSTAGES = 2, WG_VSTAGES = 3;
+
+// Keys per tile for head columns DP (a multiple of 64, at most 256): 128,
+// and 64 past DP = 128. A consumer thread holds its rows' output (DP / 2
+// registers), scores (BK / 2) and probabilities (BK / 4): at DP = 256 and
+// BK = 128 that is 224 of its 240 registers before any address, and Q with
+// five 128-key stages would not fit in shared memory either.
+__host__ __device__ constexpr int wg_bk(int DP)
+{
+    return DP <= 128 ? 128 : 64;
+}
+
+// Head columns of the wgmma forward: the larger of D and Dv rounded up to a
+// 64-column block (0 past 256). MLA's 192 / 128 takes 192.
+__host__ __device__ constexpr int wg_dim(int D, int Dv)
+{
+    return (D > Dv ? D : Dv) > 256 ? 0 : ((D > Dv ? D : Dv) + 63) / 64 * 64;
+}
 
 // Bytes of dynamic shared memory: Q, the K and V stages, and room to align
 // the tiles to the 1024 bytes the swizzle pattern repeats over.
 constexpr int wgmma_smem(int DP)
 {
-    return (WG_BQ + (WG_KSTAGES + WG_VSTAGES) * WG_BK) * DP * 2 + 1024;
+    return (WG_BQ + (WG_KSTAGES + WG_VSTAGES) * wg_bk(DP)) * DP * 2 + 1024;
 }
 
 // The warp-specialised kernel: a loader warpgroup and the two consumers; its
@@ -123,8 +139,8 @@ __device__ __forceinline__ void start_rows(float (&o)[DP / 8][4], float (&m)[2],
 // (the previous tile's softmax, rescale and P fragments) before any product
 // of this tile reads or writes them.
 template <typename T, int DP>
-__device__ __forceinline__ void issue_s(float (&s)[WG_BK / 8][4], float (&o)[DP / 8][4],
-                                        uint32_t (&pa)[WG_BK / 16][4], uint32_t qa, uint32_t kt)
+__device__ __forceinline__ void issue_s(float (&s)[wg_bk(DP) / 8][4], float (&o)[DP / 8][4],
+                                        uint32_t (&pa)[wg_bk(DP) / 16][4], uint32_t qa, uint32_t kt)
 {
     reg_fence(s);
     reg_fence(o);
@@ -133,18 +149,30 @@ __device__ __forceinline__ void issue_s(float (&s)[WG_BK / 8][4], float (&o)[DP 
 #pragma unroll
     for (int kk = 0; kk < DP / 16; kk++)
         wg::mma_ss<T, 0, 0>(s, sw128_at((qa >> 4) + wg::kmajor_step<WG_BQ>(kk)),
-                            sw128_at((kt >> 4) + wg::kmajor_step<WG_BK>(kk)), kk > 0);
+                            sw128_at((kt >> 4) + wg::kmajor_step<wg_bk(DP)>(kk)), kk > 0);
     wg::commit();
 }
 
 // Issue O += P V for the V tile at vt, P the previous tile's probabilities;
 // committed, not waited for.
+// Past DP = 128 (N = 128, the widest product the wrappers hold) the
+// output's columns take two products, the second over V's column blocks from
+// 2 (2 BK 128 bytes further).
 template <typename T, int DP>
-__device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (&pa)[WG_BK / 16][4], uint32_t vt)
+__device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (&pa)[wg_bk(DP) / 16][4], uint32_t vt)
 {
+    constexpr int BK = wg_bk(DP);
 #pragma unroll
-    for (int kk = 0; kk < WG_BK / 16; kk++)
-        wg::mma_rs<T>(o, pa[kk], sw128_at((vt >> 4) + wg::mnmajor_step<WG_BK>(kk)));
+    for (int kk = 0; kk < BK / 16; kk++) {
+        if constexpr (DP <= 128) {
+            wg::mma_rs<T>(o, pa[kk], sw128_at((vt >> 4) + wg::mnmajor_step<BK>(kk)));
+        } else {
+            wg::mma_rs<T>(reinterpret_cast<float(&)[16][4]>(o[0]), pa[kk],
+                          sw128_at((vt >> 4) + wg::mnmajor_step<BK>(kk)));
+            wg::mma_rs<T>(reinterpret_cast<float(&)[DP / 8 - 16][4]>(o[16]), pa[kk],
+                          sw128_at(((vt + 2 * BK * 128) >> 4) + wg::mnmajor_step<BK>(kk)));
+        }
+    }
     wg::commit();
 }
 
@@ -153,8 +181,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (
 // O += P V of the previous tile's V at vt, let the other consumer issue
 // (its barrier), and return once S is in (P V may still run).
 template <typename T, int DP>
-__device__ __forceinline__ void issue_turn(float (&s)[WG_BK / 8][4], float (&o)[DP / 8][4],
-                                           uint32_t (&pa)[WG_BK / 16][4], uint32_t qa, uint32_t kt, uint32_t vt,
+__device__ __forceinline__ void issue_turn(float (&s)[wg_bk(DP) / 8][4], float (&o)[DP / 8][4],
+                                           uint32_t (&pa)[wg_bk(DP) / 16][4], uint32_t qa, uint32_t kt, uint32_t vt,
                                            bool with_pv, int c)
 {
     named_sync(1 + c);
@@ -176,11 +204,11 @@ __device__ __forceinline__ void issue_turn(float (&s)[WG_BK / 8][4], float (&o)[
 // that wait, so that the compiler cannot sink the arithmetic past it (the
 // overlap with P V). POS: see softmax_tile.
 template <int DP, bool MASKED = true, bool POS = false>
-__device__ __forceinline__ void softmax_then_wait(float (&s)[WG_BK / 8][4], float (&o)[DP / 8][4], float (&m)[2],
+__device__ __forceinline__ void softmax_then_wait(float (&s)[wg_bk(DP) / 8][4], float (&o)[DP / 8][4], float (&m)[2],
                                                   float (&l)[2], float (&alpha)[2], const attn_params &p, int64_t k0,
                                                   int64_t row, int tq)
 {
-    softmax_tile<WG_BK / 8, POS>(s, m, l, alpha, p, MASKED, k0, row, tq);
+    softmax_tile<wg_bk(DP) / 8, POS>(s, m, l, alpha, p, MASKED, k0, row, tq);
     reg_fence(s);
     reg_fence(l);
     reg_fence(alpha);
@@ -190,18 +218,18 @@ __device__ __forceinline__ void softmax_then_wait(float (&s)[WG_BK / 8][4], floa
 
 // End of a tile: O rescaled to the new maximum, P as A fragments.
 template <typename T, int DP>
-__device__ __forceinline__ void finish_tile(float (&o)[DP / 8][4], const float (&alpha)[2], const float (&s)[WG_BK / 8][4],
-                                            uint32_t (&pa)[WG_BK / 16][4])
+__device__ __forceinline__ void finish_tile(float (&o)[DP / 8][4], const float (&alpha)[2], const float (&s)[wg_bk(DP) / 8][4],
+                                            uint32_t (&pa)[wg_bk(DP) / 16][4])
 {
     scale_rows(o, alpha);
 #pragma unroll
-    for (int kk = 0; kk < WG_BK / 16; kk++)
+    for (int kk = 0; kk < wg_bk(DP) / 16; kk++)
         c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
 }
 
 // After the last tile: its P V, waited for.
 template <typename T, int DP>
-__device__ __forceinline__ void last_pv(float (&o)[DP / 8][4], uint32_t (&pa)[WG_BK / 16][4], uint32_t vt)
+__device__ __forceinline__ void last_pv(float (&o)[DP / 8][4], uint32_t (&pa)[wg_bk(DP) / 16][4], uint32_t vt)
 {
     reg_fence(o);
     reg_fence(pa);
@@ -217,7 +245,7 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 {
 #ifdef CP_WGMMA_BODY
-    constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
+    constexpr int BQ = WG_BQ, BK = wg_bk(DP), NB = BK / 8, NO = DP / 8;
     constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + WG_KSTAGES * KB;
@@ -281,7 +309,7 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_params p)
 {
 #ifdef CP_WGMMA_BODY
-    constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
+    constexpr int BQ = WG_BQ, BK = wg_bk(DP), NB = BK / 8, NO = DP / 8;
     constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + WG_KSTAGES * KB;
@@ -375,7 +403,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
                                                                       int items, int *counter)
 {
 #ifdef CP_WGMMA_BODY
-    constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
+    constexpr int BQ = WG_BQ, BK = wg_bk(DP), NB = BK / 8, NO = DP / 8;
     constexpr int KST = WG_KSTAGES, VST = WG_VSTAGES;
     constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
     // setmaxnreg: the consumers of D = 128 need 240 registers; at D = 64 the
@@ -507,19 +535,20 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
 }
 
 #ifdef CP_WGMMA_BODY
-// Rows [z, WG_BK) of the V tile at vt as zeros, by the 128 threads of a
+// Rows [z, BK) of the V tile at vt as zeros, by the 128 threads of a
 // warpgroup (tid its thread): a band's last key tile reaches past the
 // band's keys, and the rows there may hold anything (a CP ring's buffers
 // hold rows nobody wrote); P is 0 there, but 0 times NaN is not.
 template <int DP>
 __device__ __forceinline__ void zero_tail(uint32_t vt, int z, int tid)
 {
-    const int chunks = (WG_BK - z) * 8; // 16-byte chunks of each 64-column block
+    constexpr int BK = wg_bk(DP);
+    const int chunks = (BK - z) * 8; // 16-byte chunks of each 64-column block
 #pragma unroll
     for (int kb = 0; kb < DP / 64; kb++)
 #pragma unroll 1
         for (int e = tid; e < chunks; e += 128)
-            wg::zero16(vt + (uint32_t)(kb * WG_BK + z) * 128 + (uint32_t)e * 16);
+            wg::zero16(vt + (uint32_t)(kb * BK + z) * 128 + (uint32_t)e * 16);
 }
 
 // The work item `it` of the rectangle kernel: query tiles fastest (most
@@ -547,7 +576,7 @@ __device__ __forceinline__ rect_item rect_item_at(const attn_params &p, int it)
 
 // A band's limits for a query tile from i0 and this thread's rows (row,
 // row + 8), computed once per band instead of per key tile: a key tile from
-// j0 is seen whole by every row of the tile iff flo <= j0 and j0 + WG_BK <=
+// j0 is seen whole by every row of the tile iff flo <= j0 and j0 + BK <=
 // fhi; row e sees keys [ka[e], kb[e]) (empty outside the band); the band's
 // keys end at k1.
 struct rect_limits {
@@ -608,7 +637,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     fwd_wgmma_ws_rect_kernel(attn_params p, const __grid_constant__ wg_maps mp, int items, int *counter)
 {
 #ifdef CP_WGMMA_BODY
-    constexpr int BQ = WG_BQ, BK = WG_BK, NB = BK / 8, NO = DP / 8;
+    constexpr int BQ = WG_BQ, BK = wg_bk(DP), NB = BK / 8, NO = DP / 8;
     constexpr int KST = WG_KSTAGES, VST = WG_VSTAGES;
     constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
     // the loader walks the bands too: at 24 registers it spilled 76 bytes;
@@ -789,9 +818,9 @@ cp_status launch(state *s, const attn_params &p)
     if (s->knob.wgmma_ws && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
         (int64_t)grid.x * grid.y * grid.z + s->sm_count <= INT32_MAX &&
         wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
-        wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
-        wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK) &&
-        wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)) {
+        wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, wg_bk(DP)) &&
+        wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP)) &&
+        wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP))) {
         constexpr int bytes = wgmma_ws_smem(DP);
         auto kernel = p.c > 0 ? fwd_wgmma_ws_kernel<T, DP, true> : fwd_wgmma_ws_kernel<T, DP, false>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
@@ -825,9 +854,9 @@ bool launch_rect_ws(state *s, const attn_params &p, cp_status *r)
     if (!(s->knob.wgmma_ws && rect_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
           items + s->sm_count <= INT32_MAX &&
           wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
-          wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, WG_BK) &&
-          wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK) &&
-          wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, WG_BK)))
+          wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, wg_bk(DP)) &&
+          wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP)) &&
+          wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP))))
         return false;
     constexpr int bytes = rect_ws_smem(DP);
     // CAP: a softcap (every tile through softmax_band); POS (no softcap and
@@ -873,9 +902,16 @@ cp_status launch_rect(state *s, const attn_params &p0)
 template <typename T>
 cp_status forward_t(state *s, const attn_params &p)
 {
-    if (p.rects)
-        return padded_dim(p.D, p.Dv) == 64 ? launch_rect<T, 64>(s, p) : launch_rect<T, 128>(s, p);
-    return padded_dim(p.D, p.Dv) == 64 ? launch<T, 64>(s, p) : launch<T, 128>(s, p);
+    switch (wg_dim(p.D, p.Dv)) {
+    case 64:
+        return p.rects ? launch_rect<T, 64>(s, p) : launch<T, 64>(s, p);
+    case 128:
+        return p.rects ? launch_rect<T, 128>(s, p) : launch<T, 128>(s, p);
+    case 192:
+        return p.rects ? launch_rect<T, 192>(s, p) : launch<T, 192>(s, p);
+    default:
+        return p.rects ? launch_rect<T, 256>(s, p) : launch<T, 256>(s, p);
+    }
 }
 
 } // namespace
@@ -883,8 +919,8 @@ cp_status forward_t(state *s, const attn_params &p)
 bool wgmma_fits(const state *s, const attn_params &p)
 {
 #ifdef CP_HAVE_SM90A
-    const int DP = padded_dim(p.D, p.Dv);
-    return s->cc == 90 && (p.dt == CP_DTYPE_F16 || p.dt == CP_DTYPE_BF16) && p.vec && (DP == 64 || DP == 128) &&
+    const int DP = wg_dim(p.D, p.Dv);
+    return s->cc == 90 && (p.dt == CP_DTYPE_F16 || p.dt == CP_DTYPE_BF16) && p.vec && DP > 0 &&
            p.B <= 65535 && p.H <= 65535 && (p.Sq + WG_BQ - 1) / WG_BQ * (p.rects ? p.H : 1) <= 0x7fffffff &&
            wgmma_smem(DP) <= s->smem_optin;
 #else

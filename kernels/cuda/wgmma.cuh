@@ -161,18 +161,33 @@ template <typename T, int R, int DP, int NT>
 __device__ __forceinline__ void load_sw(uint32_t dst, const tensor &t, int64_t b, int64_t r0, int64_t n, int h,
                                         int dim)
 {
-    constexpr int CH = DP / 8, RP = NT / CH; // chunks per row, rows per pass
-    static_assert(R % RP == 0, "whole passes");
-    const int c = threadIdx.x % CH, r1 = threadIdx.x / CH;
-    const T *src = static_cast<const T *>(t.p) + at(t, b, r0 + r1, h) + c * 8;
-    const bool col = c * 8 < dim;
+    constexpr int CH = DP / 8; // chunks per row
+    if constexpr (NT % CH == 0) {
+        // whole rows a pass: a thread keeps its column
+        constexpr int RP = NT / CH; // rows per pass
+        static_assert(R % RP == 0, "whole passes");
+        const int c = threadIdx.x % CH, r1 = threadIdx.x / CH;
+        const T *src = static_cast<const T *>(t.p) + at(t, b, r0 + r1, h) + c * 8;
+        const bool col = c * 8 < dim;
 #pragma unroll
-    for (int it = 0; it < R / RP; it++) {
-        const int r = r1 + it * RP;
-        if (col && r0 + r < n)
-            cp_async16_to(dst + sw_off<R>(r, c), src + (int64_t)it * RP * t.ss);
-        else
-            zero16(dst + sw_off<R>(r, c));
+        for (int it = 0; it < R / RP; it++) {
+            const int r = r1 + it * RP;
+            if (col && r0 + r < n)
+                cp_async16_to(dst + sw_off<R>(r, c), src + (int64_t)it * RP * t.ss);
+            else
+                zero16(dst + sw_off<R>(r, c));
+        }
+    } else {
+        // DP = 192: chunk e of the tile, row e / CH
+        static_assert(R * CH % NT == 0, "whole passes");
+#pragma unroll
+        for (int it = 0; it < R * CH / NT; it++) {
+            const int e = threadIdx.x + it * NT, r = e / CH, c = e % CH;
+            if (c * 8 < dim && r0 + r < n)
+                cp_async16_to(dst + sw_off<R>(r, c), static_cast<const T *>(t.p) + at(t, b, r0 + r, h) + c * 8);
+            else
+                zero16(dst + sw_off<R>(r, c));
+        }
     }
 }
 
