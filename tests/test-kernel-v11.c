@@ -1167,14 +1167,15 @@ static void test_causal_in_pieces(void **state)
  * gradients. Head dims 16 and 96 (the kernels' 64 and 128), with and
  * without a window.
  */
-/* Head dims past 128: on Hopper the wgmma forward's 64-key tiles, its
- * output columns in two products, and MLA's q / k 192 with v 128. Three
+/* Head dims past 128: on Hopper the wgmma forward's 64-key tiles and its
+ * output columns in two products (256), and MLA's q / k 192 with v 128 (and
+ * 160 / 96, which pads to that shape: 128-key tiles, V of 128 columns). Three
  * documents of one packed row (the last two share a 128-row query tile), with
  * no window, a window and a softcap. */
 static void test_wide_heads(void **state)
 {
     (void)state;
-    const int dims[][2] = {{256, 256}, {192, 128}, {160, 160}};
+    const int dims[][2] = {{256, 256}, {192, 128}, {160, 96}};
     const cp_dtype types[] = {CP_DTYPE_BF16, CP_DTYPE_F16};
     for (int di = 0; di < 3; di++)
         for (int ti = 0; ti < 2; ti++) {

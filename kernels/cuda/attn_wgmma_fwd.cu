@@ -60,47 +60,71 @@ using namespace mma;
 
 constexpr int WG_THREADS = 256; // two warpgroups
 constexpr int WG_BQ = 128;      // query rows per block, 64 per warpgroup
-constexpr int WG_KSTAGES = 2, WG_VSTAGES = 3;
+constexpr int WG_KSTAGES = 2; // K stages; V has wg_vst
 
-// Keys per tile for head columns DP (a multiple of 64, at most 256): 128,
-// and 64 past DP = 128. A consumer thread holds its rows' output (DP / 2
-// registers), scores (BK / 2) and probabilities (BK / 4): at DP = 256 and
-// BK = 128 that is 224 of its 240 registers before any address, and Q with
-// five 128-key stages would not fit in shared memory either.
-__host__ __device__ constexpr int wg_bk(int DP)
+// Keys per tile for Q / K columns DP and V / O columns DV (multiples of 64,
+// at most 256): 128, and 64 past 128 columns (but for MLA's 192 / 128). A
+// consumer thread holds its rows' output (DV / 2 registers), scores (BK / 2)
+// and probabilities (BK / 4): at DV = 256 and BK = 128 that is 224 of its
+// 240 registers before any address, and Q with five 128-key stages would not
+// fit in shared memory either.
+__host__ __device__ constexpr int wg_bk(int DP, int DV)
 {
-    return DP <= 128 ? 128 : 64;
+    return DV <= 128 && DP <= 192 ? 128 : 64;
+}
+
+// V stages: 3, or 2 where three do not fit beside Q and two K stages
+// (MLA's 192 / 128 with 128-key tiles).
+__host__ __device__ constexpr int wg_vst(int DP, int DV)
+{
+    return (WG_BQ + WG_KSTAGES * wg_bk(DP, DV)) * DP * 2 + 3 * wg_bk(DP, DV) * DV * 2 + 2048 <= 227 * 1024 ? 3 : 2;
 }
 
 // Head columns of the wgmma forward: the larger of D and Dv rounded up to a
-// 64-column block (0 past 256). MLA's 192 / 128 takes 192.
+// 64-column block (0 past 256), for Q, K and V alike, but for MLA's q / k of
+// 160-192 with v of at most 128, which keeps V at 128 columns (wg_dim_v).
+__host__ __device__ constexpr int round64(int d)
+{
+    return (d + 63) / 64 * 64;
+}
+
+__host__ __device__ constexpr bool wg_mla(int D, int Dv)
+{
+    return round64(D) == 192 && round64(Dv) == 128;
+}
+
 __host__ __device__ constexpr int wg_dim(int D, int Dv)
 {
-    return (D > Dv ? D : Dv) > 256 ? 0 : ((D > Dv ? D : Dv) + 63) / 64 * 64;
+    return (D > Dv ? D : Dv) > 256 ? 0 : round64(D > Dv ? D : Dv);
+}
+
+__host__ __device__ constexpr int wg_dim_v(int D, int Dv)
+{
+    return wg_mla(D, Dv) ? 128 : wg_dim(D, Dv);
 }
 
 // Bytes of dynamic shared memory: Q, the K and V stages, and room to align
 // the tiles to the 1024 bytes the swizzle pattern repeats over.
-constexpr int wgmma_smem(int DP)
+constexpr int wgmma_smem(int DP, int DV)
 {
-    return (WG_BQ + (WG_KSTAGES + WG_VSTAGES) * wg_bk(DP)) * DP * 2 + 1024;
+    return (WG_BQ + WG_KSTAGES * wg_bk(DP, DV)) * DP * 2 + wg_vst(DP, DV) * wg_bk(DP, DV) * DV * 2 + 1024;
 }
 
 // The warp-specialised kernel: a loader warpgroup and the two consumers; its
 // mbarriers (8 bytes each) follow the tiles.
 constexpr int WS_THREADS = 384;
-constexpr int wgmma_ws_smem(int DP)
+constexpr int wgmma_ws_smem(int DP, int DV)
 {
-    return wgmma_smem(DP) + wg::fwd_bars_bytes(WG_KSTAGES, WG_VSTAGES);
+    return wgmma_smem(DP, DV) + wg::fwd_bars_bytes(WG_KSTAGES, wg_vst(DP, DV));
 }
 
 // The rectangle kernel's item slots carry the item and its first bands
 // (rect_stash) beside the queue's numbers, after the barriers.
 constexpr int RECT_STASH_BANDS = 4;
 constexpr int rect_stash_bytes = 2 * (48 + RECT_STASH_BANDS * 64);
-constexpr int rect_ws_smem(int DP)
+constexpr int rect_ws_smem(int DP, int DV)
 {
-    return wgmma_ws_smem(DP) + 16 + rect_stash_bytes;
+    return wgmma_ws_smem(DP, DV) + 16 + rect_stash_bytes;
 }
 
 // Tensor maps of q, k, v and v's copy without non-finite values (the
@@ -125,11 +149,11 @@ using wg::tma_tile;
 // --- the per-tile steps both kernels take (per consumer warpgroup) ---
 
 // A warpgroup's rows before the first key tile: O = 0, no maximum, no sum.
-template <int DP>
-__device__ __forceinline__ void start_rows(float (&o)[DP / 8][4], float (&m)[2], float (&l)[2])
+template <int DV>
+__device__ __forceinline__ void start_rows(float (&o)[DV / 8][4], float (&m)[2], float (&l)[2])
 {
 #pragma unroll
-    for (int nb = 0; nb < DP / 8; nb++)
+    for (int nb = 0; nb < DV / 8; nb++)
         o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
     m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
 }
@@ -138,9 +162,9 @@ __device__ __forceinline__ void start_rows(float (&o)[DP / 8][4], float (&m)[2],
 // committed, not waited for. The fences order the registers' last writes
 // (the previous tile's softmax, rescale and P fragments) before any product
 // of this tile reads or writes them.
-template <typename T, int DP>
-__device__ __forceinline__ void issue_s(float (&s)[wg_bk(DP) / 8][4], float (&o)[DP / 8][4],
-                                        uint32_t (&pa)[wg_bk(DP) / 16][4], uint32_t qa, uint32_t kt)
+template <typename T, int DP, int DV>
+__device__ __forceinline__ void issue_s(float (&s)[wg_bk(DP, DV) / 8][4], float (&o)[DV / 8][4],
+                                        uint32_t (&pa)[wg_bk(DP, DV) / 16][4], uint32_t qa, uint32_t kt)
 {
     reg_fence(s);
     reg_fence(o);
@@ -149,27 +173,27 @@ __device__ __forceinline__ void issue_s(float (&s)[wg_bk(DP) / 8][4], float (&o)
 #pragma unroll
     for (int kk = 0; kk < DP / 16; kk++)
         wg::mma_ss<T, 0, 0>(s, sw128_at((qa >> 4) + wg::kmajor_step<WG_BQ>(kk)),
-                            sw128_at((kt >> 4) + wg::kmajor_step<wg_bk(DP)>(kk)), kk > 0);
+                            sw128_at((kt >> 4) + wg::kmajor_step<wg_bk(DP, DV)>(kk)), kk > 0);
     wg::commit();
 }
 
 // Issue O += P V for the V tile at vt, P the previous tile's probabilities;
 // committed, not waited for.
-// Past DP = 128 (N = 128, the widest product the wrappers hold) the
+// Past DV = 128 (N = 128, the widest product the wrappers hold) the
 // output's columns take two products, the second over V's column blocks from
 // 2 (2 BK 128 bytes further).
-template <typename T, int DP>
-__device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (&pa)[wg_bk(DP) / 16][4], uint32_t vt)
+template <typename T, int DP, int DV>
+__device__ __forceinline__ void issue_pv(float (&o)[DV / 8][4], const uint32_t (&pa)[wg_bk(DP, DV) / 16][4], uint32_t vt)
 {
-    constexpr int BK = wg_bk(DP);
+    constexpr int BK = wg_bk(DP, DV);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
-        if constexpr (DP <= 128) {
+        if constexpr (DV <= 128) {
             wg::mma_rs<T>(o, pa[kk], sw128_at((vt >> 4) + wg::mnmajor_step<BK>(kk)));
         } else {
             wg::mma_rs<T>(reinterpret_cast<float(&)[16][4]>(o[0]), pa[kk],
                           sw128_at((vt >> 4) + wg::mnmajor_step<BK>(kk)));
-            wg::mma_rs<T>(reinterpret_cast<float(&)[DP / 8 - 16][4]>(o[16]), pa[kk],
+            wg::mma_rs<T>(reinterpret_cast<float(&)[DV / 8 - 16][4]>(o[16]), pa[kk],
                           sw128_at(((vt + 2 * BK * 128) >> 4) + wg::mnmajor_step<BK>(kk)));
         }
     }
@@ -180,15 +204,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (
 // named barrier 1 + c, issue S = Q K^T of the K tile at kt and, with_pv,
 // O += P V of the previous tile's V at vt, let the other consumer issue
 // (its barrier), and return once S is in (P V may still run).
-template <typename T, int DP>
-__device__ __forceinline__ void issue_turn(float (&s)[wg_bk(DP) / 8][4], float (&o)[DP / 8][4],
-                                           uint32_t (&pa)[wg_bk(DP) / 16][4], uint32_t qa, uint32_t kt, uint32_t vt,
+template <typename T, int DP, int DV>
+__device__ __forceinline__ void issue_turn(float (&s)[wg_bk(DP, DV) / 8][4], float (&o)[DV / 8][4],
+                                           uint32_t (&pa)[wg_bk(DP, DV) / 16][4], uint32_t qa, uint32_t kt, uint32_t vt,
                                            bool with_pv, int c)
 {
     named_sync(1 + c);
-    issue_s<T, DP>(s, o, pa, qa, kt);
+    issue_s<T, DP, DV>(s, o, pa, qa, kt);
     if (with_pv) {
-        issue_pv<T, DP>(o, pa, vt);
+        issue_pv<T, DP, DV>(o, pa, vt);
         named_arrive(2 - c);
         wg::wait<1>();
     } else {
@@ -203,12 +227,12 @@ __device__ __forceinline__ void issue_turn(float (&s)[wg_bk(DP) / 8][4], float (
 // wait for P V of the previous tile. The softmax's results are used before
 // that wait, so that the compiler cannot sink the arithmetic past it (the
 // overlap with P V). POS: see softmax_tile.
-template <int DP, bool MASKED = true, bool POS = false>
-__device__ __forceinline__ void softmax_then_wait(float (&s)[wg_bk(DP) / 8][4], float (&o)[DP / 8][4], float (&m)[2],
+template <int DP, int DV, bool MASKED = true, bool POS = false>
+__device__ __forceinline__ void softmax_then_wait(float (&s)[wg_bk(DP, DV) / 8][4], float (&o)[DV / 8][4], float (&m)[2],
                                                   float (&l)[2], float (&alpha)[2], const attn_params &p, int64_t k0,
                                                   int64_t row, int tq)
 {
-    softmax_tile<wg_bk(DP) / 8, POS>(s, m, l, alpha, p, MASKED, k0, row, tq);
+    softmax_tile<wg_bk(DP, DV) / 8, POS>(s, m, l, alpha, p, MASKED, k0, row, tq);
     reg_fence(s);
     reg_fence(l);
     reg_fence(alpha);
@@ -217,36 +241,36 @@ __device__ __forceinline__ void softmax_then_wait(float (&s)[wg_bk(DP) / 8][4], 
 }
 
 // End of a tile: O rescaled to the new maximum, P as A fragments.
-template <typename T, int DP>
-__device__ __forceinline__ void finish_tile(float (&o)[DP / 8][4], const float (&alpha)[2], const float (&s)[wg_bk(DP) / 8][4],
-                                            uint32_t (&pa)[wg_bk(DP) / 16][4])
+template <typename T, int DP, int DV>
+__device__ __forceinline__ void finish_tile(float (&o)[DV / 8][4], const float (&alpha)[2], const float (&s)[wg_bk(DP, DV) / 8][4],
+                                            uint32_t (&pa)[wg_bk(DP, DV) / 16][4])
 {
     scale_rows(o, alpha);
 #pragma unroll
-    for (int kk = 0; kk < wg_bk(DP) / 16; kk++)
+    for (int kk = 0; kk < wg_bk(DP, DV) / 16; kk++)
         c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
 }
 
 // After the last tile: its P V, waited for.
-template <typename T, int DP>
-__device__ __forceinline__ void last_pv(float (&o)[DP / 8][4], uint32_t (&pa)[wg_bk(DP) / 16][4], uint32_t vt)
+template <typename T, int DP, int DV>
+__device__ __forceinline__ void last_pv(float (&o)[DV / 8][4], uint32_t (&pa)[wg_bk(DP, DV) / 16][4], uint32_t vt)
 {
     reg_fence(o);
     reg_fence(pa);
     wg::fence();
-    issue_pv<T, DP>(o, pa, vt);
+    issue_pv<T, DP, DV>(o, pa, vt);
     wg::wait<0>();
     reg_fence(o);
 }
 
 #endif // CP_WGMMA_BODY
 
-template <typename T, int DP>
+template <typename T, int DP, int DV>
 __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 {
 #ifdef CP_WGMMA_BODY
-    constexpr int BQ = WG_BQ, BK = wg_bk(DP), NB = BK / 8, NO = DP / 8;
-    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
+    constexpr int BQ = WG_BQ, BK = wg_bk(DP, DV), NB = BK / 8, NO = DV / 8, VST = wg_vst(DP, DV);
+    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2, VB = BK * DV * 2; // tile bytes
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + WG_KSTAGES * KB;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
@@ -259,13 +283,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
     if (ntiles > 0) {
         wg::load_sw<T, BQ, DP, WG_THREADS>(Qs, p.q, b, i0, p.Sq, h, p.D);
         wg::load_sw<T, BK, DP, WG_THREADS>(Ks, p.k, b, 0, p.Sk, hk, p.D);
-        wg::load_sw<T, BK, DP, WG_THREADS>(Vs, v_of(p), b, 0, p.Sk, hk, p.Dv);
+        wg::load_sw<T, BK, DV, WG_THREADS>(Vs, v_of(p), b, 0, p.Sk, hk, p.Dv);
         cp_async_commit();
     }
 
     float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
     uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
-    start_rows<DP>(o, m, l);
+    start_rows<DV>(o, m, l);
     const uint32_t qa = Qs + wg * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
 
     for (int n = 0; n < ntiles; n++) {
@@ -275,22 +299,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
         __syncthreads();     // K, V tile n are in; both warpgroups are done with K n-1 and V n-2
         if (n + 1 < ntiles) {
             wg::load_sw<T, BK, DP, WG_THREADS>(Ks + ((n + 1) % WG_KSTAGES) * KB, p.k, b, k0 + BK, p.Sk, hk, p.D);
-            wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, v_of(p), b, k0 + BK, p.Sk, hk, p.Dv);
+            wg::load_sw<T, BK, DV, WG_THREADS>(Vs + ((n + 1) % VST) * VB, v_of(p), b, k0 + BK, p.Sk, hk, p.Dv);
             cp_async_commit();
         }
-        issue_s<T, DP>(s, o, pa, qa, Ks + (n % WG_KSTAGES) * KB);
+        issue_s<T, DP, DV>(s, o, pa, qa, Ks + (n % WG_KSTAGES) * KB);
         if (n > 0) {
-            issue_pv<T, DP>(o, pa, Vs + ((n - 1) % WG_VSTAGES) * KB);
+            issue_pv<T, DP, DV>(o, pa, Vs + ((n - 1) % VST) * VB);
             wg::wait<1>();
         } else {
             wg::wait<0>();
         }
         reg_fence(s);
-        softmax_then_wait<DP>(s, o, m, l, alpha, p, k0, row, tq);
-        finish_tile<T, DP>(o, alpha, s, pa);
+        softmax_then_wait<DP, DV>(s, o, m, l, alpha, p, k0, row, tq);
+        finish_tile<T, DP, DV>(o, alpha, s, pa);
     }
     if (ntiles > 0)
-        last_pv<T, DP>(o, pa, Vs + ((ntiles - 1) % WG_VSTAGES) * KB);
+        last_pv<T, DP, DV>(o, pa, Vs + ((ntiles - 1) % VST) * VB);
 
     // normalise and write, or merge into the running (o, lse)
     store_rows(p, o, m, l, row, b, h, tq);
@@ -305,12 +329,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_kernel(attn_params p)
 // first visible key and loads zeros past the band's keys; the softmax masks
 // with the band's limits per row unless the band covers the whole tile, and
 // one online softmax runs through every band of the tile.
-template <typename T, int DP>
+template <typename T, int DP, int DV>
 __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_params p)
 {
 #ifdef CP_WGMMA_BODY
-    constexpr int BQ = WG_BQ, BK = wg_bk(DP), NB = BK / 8, NO = DP / 8;
-    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
+    constexpr int BQ = WG_BQ, BK = wg_bk(DP, DV), NB = BK / 8, NO = DV / 8, VST = wg_vst(DP, DV);
+    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2, VB = BK * DV * 2; // tile bytes
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + WG_KSTAGES * KB;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
@@ -329,7 +353,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_para
         band_rows_keys(r, i0, nq, &ck0, &ckhi);
         wg::load_sw<T, BQ, DP, WG_THREADS>(Qs, p.q, b, i0, p.Sq, h, p.D);
         wg::load_sw<T, BK, DP, WG_THREADS>(Ks, p.k, b, ck0, r.k1, hk, p.D);
-        wg::load_sw<T, BK, DP, WG_THREADS>(Vs, v_of(p), b, ck0, r.k1, hk, p.Dv);
+        wg::load_sw<T, BK, DV, WG_THREADS>(Vs, v_of(p), b, ck0, r.k1, hk, p.Dv);
         cp_async_commit();
     }
     int lbi = cbi;
@@ -339,7 +363,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_para
 
     float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
     uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
-    start_rows<DP>(o, m, l);
+    start_rows<DV>(o, m, l);
     const uint32_t qa = Qs + wg * 64 * 128; // this warpgroup's 64 rows (8 whole atoms)
 
     int n = 0;
@@ -350,12 +374,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_para
         if (lbi < be) {
             const int64_t kend = p.rs.bands[p.rs.by_q.ids[lbi]].k1;
             wg::load_sw<T, BK, DP, WG_THREADS>(Ks + ((n + 1) % WG_KSTAGES) * KB, p.k, b, lk0, kend, hk, p.D);
-            wg::load_sw<T, BK, DP, WG_THREADS>(Vs + ((n + 1) % WG_VSTAGES) * KB, v_of(p), b, lk0, kend, hk, p.Dv);
+            wg::load_sw<T, BK, DV, WG_THREADS>(Vs + ((n + 1) % VST) * VB, v_of(p), b, lk0, kend, hk, p.Dv);
             cp_async_commit();
         }
-        issue_s<T, DP>(s, o, pa, qa, Ks + (n % WG_KSTAGES) * KB);
+        issue_s<T, DP, DV>(s, o, pa, qa, Ks + (n % WG_KSTAGES) * KB);
         if (n > 0) {
-            issue_pv<T, DP>(o, pa, Vs + ((n - 1) % WG_VSTAGES) * KB);
+            issue_pv<T, DP, DV>(o, pa, Vs + ((n - 1) % VST) * VB);
             wg::wait<1>();
         } else {
             wg::wait<0>();
@@ -374,14 +398,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_para
         reg_fence(alpha);
         wg::wait<0>();
         reg_fence(o);
-        finish_tile<T, DP>(o, alpha, s, pa);
+        finish_tile<T, DP, DV>(o, alpha, s, pa);
         cbi = lbi;
         ck0 = lk0;
         if (lbi < be)
             next_key_tile<BK>(p, be, i0, nq, lbi, lk0, lkhi);
     }
     if (n > 0)
-        last_pv<T, DP>(o, pa, Vs + ((n - 1) % WG_VSTAGES) * KB);
+        last_pv<T, DP, DV>(o, pa, Vs + ((n - 1) % VST) * VB);
     store_rows(p, o, m, l, row, b, h, tq);
 #else
     (void)p;
@@ -398,22 +422,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1) fwd_wgmma_rect_kernel(attn_para
 // both consumers' last S product of an item is done: qempty) and first K / V
 // tiles while the consumers finish the item and merge its output, so that a
 // block's start and end costs overlap its neighbour's work.
-template <typename T, int DP, bool POS>
+template <typename T, int DP, int DV, bool POS>
 __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params p, const __grid_constant__ wg_maps mp,
                                                                       int items, int *counter)
 {
 #ifdef CP_WGMMA_BODY
-    constexpr int BQ = WG_BQ, BK = wg_bk(DP), NB = BK / 8, NO = DP / 8;
-    constexpr int KST = WG_KSTAGES, VST = WG_VSTAGES;
-    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
+    constexpr int BQ = WG_BQ, BK = wg_bk(DP, DV), NB = BK / 8, NO = DV / 8;
+    constexpr int KST = WG_KSTAGES, VST = wg_vst(DP, DV);
+    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2, VB = BK * DV * 2; // tile bytes
     // setmaxnreg: the consumers of D = 128 need 240 registers; at D = 64 the
     // loader gets more (its item bookkeeping spilled at 24), within the
     // 168 x 384 the launch bounds give the block
-    constexpr int LOADER_REGS = DP == 64 ? 40 : 24, CONSUMER_REGS = DP == 64 ? 224 : 240;
+    constexpr int LOADER_REGS = DP == 64 && DV == 64 ? 40 : 24, CONSUMER_REGS = DP == 64 && DV == 64 ? 224 : 240;
     static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * WS_THREADS, "registers of the block");
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
-    const wg::fwd_bars<KST, VST> bars(Vs + VST * KB);
+    const wg::fwd_bars<KST, VST> bars(Vs + VST * VB);
     const uint32_t qfull = bars.qfull, qempty = bars.qempty, kfull = bars.kfull, kempty = bars.kempty,
                    vfull = bars.vfull, vempty = bars.vempty;
     const item_queue iq = bars.iq;
@@ -454,8 +478,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
                     tma_tile<BK, DP>(Ks + ks * KB, mp, 1, kfull + 8 * ks, n * BK, w.hk, (int)w.b);
                     if (g >= VST)
                         mbar_wait(vempty + 8 * vs, ((g / VST) + 1) & 1);
-                    mbar_expect_tx(vfull + 8 * vs, KB);
-                    tma_tile<BK, DP>(Vs + vs * KB, mp, p.vflag && *p.vflag ? 3 : 2, vfull + 8 * vs, n * BK, w.hk, (int)w.b);
+                    mbar_expect_tx(vfull + 8 * vs, VB);
+                    tma_tile<BK, DV>(Vs + vs * VB, mp, p.vflag && *p.vflag ? 3 : 2, vfull + 8 * vs, n * BK, w.hk, (int)w.b);
                 }
             }
         }
@@ -475,7 +499,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             const int64_t row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
             float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
             uint32_t pa[BK / 16][4]; // P of the previous tile as A fragments
-            start_rows<DP>(o, m, l);
+            start_rows<DV>(o, m, l);
 
             // Ping-pong: consumer c issues its products after named barrier
             // 1 + c and then lets the other one issue (its barrier); consumer
@@ -500,15 +524,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
                 mbar_wait(kfull + 8 * ks, (gk / KST) & 1);
                 if (n > 0)
                     mbar_wait(vfull + 8 * vs, ((gk - 1) / VST) & 1);
-                issue_turn<T, DP>(s, o, pa, qa, Ks + ks * KB, Vs + vs * KB, n > 0, c);
+                issue_turn<T, DP, DV>(s, o, pa, qa, Ks + ks * KB, Vs + vs * VB, n > 0, c);
                 mbar_arrive_warp(kempty + 8 * ks, lane); // K tile n is read
                 if (n == ntiles - 1)
                     mbar_arrive_warp(qempty, lane); // and Q, for this item
 
-                softmax_then_wait<DP, decltype(masked)::value, POS>(s, o, m, l, alpha, p, k0, row, tq);
+                softmax_then_wait<DP, DV, decltype(masked)::value, POS>(s, o, m, l, alpha, p, k0, row, tq);
                 if (n > 0)
                     mbar_arrive_warp(vempty + 8 * vs, lane); // V tile n - 1 is read
-                finish_tile<T, DP>(o, alpha, s, pa);
+                finish_tile<T, DP, DV>(o, alpha, s, pa);
             };
             int n = 0;
             for (; n < nfull; n++)
@@ -518,7 +542,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
             if (ntiles > 0) {
                 const int gk = g0 + ntiles - 1, vs = gk % VST;
                 mbar_wait(vfull + 8 * vs, (gk / VST) & 1);
-                last_pv<T, DP>(o, pa, Vs + vs * KB);
+                last_pv<T, DP, DV>(o, pa, Vs + vs * VB);
                 mbar_arrive_warp(vempty + 8 * vs, lane); // the last V tile is read
             }
             if (c == 0)
@@ -539,13 +563,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1) fwd_wgmma_ws_kernel(attn_params
 // warpgroup (tid its thread): a band's last key tile reaches past the
 // band's keys, and the rows there may hold anything (a CP ring's buffers
 // hold rows nobody wrote); P is 0 there, but 0 times NaN is not.
-template <int DP>
+template <int DP, int DV>
 __device__ __forceinline__ void zero_tail(uint32_t vt, int z, int tid)
 {
-    constexpr int BK = wg_bk(DP);
+    constexpr int BK = wg_bk(DP, DV);
     const int chunks = (BK - z) * 8; // 16-byte chunks of each 64-column block
 #pragma unroll
-    for (int kb = 0; kb < DP / 64; kb++)
+    for (int kb = 0; kb < DV / 64; kb++)
 #pragma unroll 1
         for (int e = tid; e < chunks; e += 128)
             wg::zero16(vt + (uint32_t)(kb * BK + z) * 128 + (uint32_t)e * 16);
@@ -632,28 +656,28 @@ __device__ __forceinline__ band stash_band(const attn_params &p, const rect_stas
 // the same order. The loader's copies start at any key row; rows past the
 // band's last key come in with the tile, and the consumers mask their
 // scores and zero their V rows (zero_tail) before the P V product.
-template <typename T, int DP, bool CAP, bool POS>
+template <typename T, int DP, int DV, bool CAP, bool POS>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     fwd_wgmma_ws_rect_kernel(attn_params p, const __grid_constant__ wg_maps mp, int items, int *counter)
 {
 #ifdef CP_WGMMA_BODY
-    constexpr int BQ = WG_BQ, BK = wg_bk(DP), NB = BK / 8, NO = DP / 8;
-    constexpr int KST = WG_KSTAGES, VST = WG_VSTAGES;
-    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2; // tile bytes
+    constexpr int BQ = WG_BQ, BK = wg_bk(DP, DV), NB = BK / 8, NO = DV / 8;
+    constexpr int KST = WG_KSTAGES, VST = wg_vst(DP, DV);
+    constexpr uint32_t QB = BQ * DP * 2, KB = BK * DP * 2, VB = BK * DV * 2; // tile bytes
     // the loader walks the bands too: at 24 registers it spilled 76 bytes;
     // the consumers' band softmax fits 232 at D = 128 (no spills)
-    constexpr int LOADER_REGS = 40, CONSUMER_REGS = DP == 64 ? 224 : 232;
+    constexpr int LOADER_REGS = 40, CONSUMER_REGS = DP == 64 && DV == 64 ? 224 : 232;
     static_assert(128 * LOADER_REGS + 256 * CONSUMER_REGS <= 168 * WS_THREADS, "registers of the block");
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t Qs = (smem_addr(smem) + 1023) & ~1023u, Ks = Qs + QB, Vs = Ks + KST * KB;
-    const wg::fwd_bars<KST, VST> bars(Vs + VST * KB);
+    const wg::fwd_bars<KST, VST> bars(Vs + VST * VB);
     const uint32_t qfull = bars.qfull, qempty = bars.qempty, kfull = bars.kfull, kempty = bars.kempty,
                    vfull = bars.vfull, vempty = bars.vempty;
     const item_queue iq = bars.iq;
     // the two slots' stashes, 16-byte aligned after the barriers
     constexpr uint32_t BARS = wg::fwd_bars_bytes(KST, VST);
     rect_stash *const stash =
-        reinterpret_cast<rect_stash *>(smem + (((Vs + VST * KB + BARS + 15) & ~15u) - smem_addr(smem)));
+        reinterpret_cast<rect_stash *>(smem + (((Vs + VST * VB + BARS + 15) & ~15u) - smem_addr(smem)));
     const int wgi = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     const int lane = threadIdx.x & 31;
 
@@ -696,8 +720,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                     tma_tile<BK, DP>(Ks + ks * KB, mp, 1, kfull + 8 * ks, (int)k0, w.hk, w.b);
                     if (g >= VST)
                         mbar_wait(vempty + 8 * vs, ((g / VST) + 1) & 1);
-                    mbar_expect_tx(vfull + 8 * vs, KB);
-                    tma_tile<BK, DP>(Vs + vs * KB, mp, vmap, vfull + 8 * vs, (int)k0, w.hk, w.b);
+                    mbar_expect_tx(vfull + 8 * vs, VB);
+                    tma_tile<BK, DV>(Vs + vs * VB, mp, vmap, vfull + 8 * vs, (int)k0, w.hk, w.b);
                     next_key_tile<BK>(p, w.end, w.i0, w.nq, bi, k0, khi);
                 }
             }
@@ -716,7 +740,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             const int64_t i0 = w.i0, row = i0 + c * 64 + warp * 16 + g; // this thread's rows: row, row + 8
             float o[NO][4], s[NB][4], m[2], l[2], alpha[2];
             uint32_t pa[BK / 16][4];
-            start_rows<DP>(o, m, l);
+            start_rows<DV>(o, m, l);
             if (c == 0)
                 named_arrive(1);
             // the walk: band cbi of the tile's list, key tile from ck0 (the
@@ -741,12 +765,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 if (n > 0) {
                     mbar_wait(vfull + 8 * vs, ((gk - 1) / VST) & 1);
                     if (tail < BK) {
-                        zero_tail<DP>(Vs + vs * KB, tail, threadIdx.x & 127);
+                        zero_tail<DP, DV>(Vs + vs * VB, tail, threadIdx.x & 127);
                         fence_proxy_async();
                         named_sync<128>(3 + c);
                     }
                 }
-                issue_turn<T, DP>(s, o, pa, qa, Ks + ks * KB, Vs + vs * KB, n > 0, c);
+                issue_turn<T, DP, DV>(s, o, pa, qa, Ks + ks * KB, Vs + vs * VB, n > 0, c);
                 mbar_arrive_warp(kempty + 8 * ks, lane);
                 if (last)
                     mbar_arrive_warp(qempty, lane); // the item's last S product is done: Q is free
@@ -761,7 +785,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 reg_fence(o);
                 if (n > 0)
                     mbar_arrive_warp(vempty + 8 * vs, lane);
-                finish_tile<T, DP>(o, alpha, s, pa);
+                finish_tile<T, DP, DV>(o, alpha, s, pa);
             };
             while (cbi < w.end) {
                 const bool last = ck0 + BK >= ckhi && cbi + 1 >= w.end;
@@ -791,11 +815,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 const int gk = g0 + n - 1, vs = gk % VST;
                 mbar_wait(vfull + 8 * vs, (gk / VST) & 1);
                 if (tail < BK) {
-                    zero_tail<DP>(Vs + vs * KB, tail, threadIdx.x & 127);
+                    zero_tail<DP, DV>(Vs + vs * VB, tail, threadIdx.x & 127);
                     fence_proxy_async();
                     named_sync<128>(3 + c);
                 }
-                last_pv<T, DP>(o, pa, Vs + vs * KB);
+                last_pv<T, DP, DV>(o, pa, Vs + vs * VB);
                 mbar_arrive_warp(vempty + 8 * vs, lane);
             }
             if (c == 0)
@@ -810,19 +834,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #endif
 }
 
-template <typename T, int DP>
+template <typename T, int DP, int DV>
 cp_status launch(state *s, const attn_params &p)
 {
     const dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
     wg_maps mp;
-    if (s->knob.wgmma_ws && wgmma_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
+    if (s->knob.wgmma_ws && wgmma_ws_smem(DP, DV) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
         (int64_t)grid.x * grid.y * grid.z + s->sm_count <= INT32_MAX &&
         wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
-        wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, wg_bk(DP)) &&
-        wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP)) &&
-        wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP))) {
-        constexpr int bytes = wgmma_ws_smem(DP);
-        auto kernel = p.c > 0 ? fwd_wgmma_ws_kernel<T, DP, true> : fwd_wgmma_ws_kernel<T, DP, false>;
+        wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, wg_bk(DP, DV)) &&
+        wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP, DV)) &&
+        wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP, DV))) {
+        constexpr int bytes = wgmma_ws_smem(DP, DV);
+        auto kernel = p.c > 0 ? fwd_wgmma_ws_kernel<T, DP, DV, true> : fwd_wgmma_ws_kernel<T, DP, DV, false>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
         if (r != CP_SUCCESS)
             return r;
@@ -835,8 +859,8 @@ cp_status launch(state *s, const attn_params &p)
                                                                                           counter);
         return check_launch("attention forward (wgmma, warp-specialised)");
     }
-    constexpr int bytes = wgmma_smem(DP);
-    auto kernel = fwd_wgmma_kernel<T, DP>;
+    constexpr int bytes = wgmma_smem(DP, DV);
+    auto kernel = fwd_wgmma_kernel<T, DP, DV>;
     cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma)");
     if (r != CP_SUCCESS)
         return r;
@@ -846,25 +870,25 @@ cp_status launch(state *s, const attn_params &p)
 
 // The warp-specialised rectangle kernel where tensor maps describe q, k and
 // v (after the guard's begin: v's map may be its clean copy), else false.
-template <typename T, int DP>
+template <typename T, int DP, int DV>
 bool launch_rect_ws(state *s, const attn_params &p, cp_status *r)
 {
     const int64_t items = (int64_t)p.rs.by_q.ntiles * p.H * p.B;
     wg_maps mp;
-    if (!(s->knob.wgmma_ws && rect_ws_smem(DP) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
+    if (!(s->knob.wgmma_ws && rect_ws_smem(DP, DV) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
           items + s->sm_count <= INT32_MAX &&
           wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
-          wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, wg_bk(DP)) &&
-          wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP)) &&
-          wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP))))
+          wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, wg_bk(DP, DV)) &&
+          wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP, DV)) &&
+          wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP, DV))))
         return false;
-    constexpr int bytes = rect_ws_smem(DP);
+    constexpr int bytes = rect_ws_smem(DP, DV);
     // CAP: a softcap (every tile through softmax_band); POS (no softcap and
     // a positive scale): whole tiles take the dense kernel's softmax with
     // one multiply-add a probability
-    auto kernel = p.softcap      ? fwd_wgmma_ws_rect_kernel<T, DP, true, false>
-                  : p.c > 0 ? fwd_wgmma_ws_rect_kernel<T, DP, false, true>
-                            : fwd_wgmma_ws_rect_kernel<T, DP, false, false>;
+    auto kernel = p.softcap      ? fwd_wgmma_ws_rect_kernel<T, DP, DV, true, false>
+                  : p.c > 0 ? fwd_wgmma_ws_rect_kernel<T, DP, DV, false, true>
+                            : fwd_wgmma_ws_rect_kernel<T, DP, DV, false, false>;
     *r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised, rectangles)");
     if (*r != CP_SUCCESS || items == 0)
         return true;
@@ -875,7 +899,7 @@ bool launch_rect_ws(state *s, const attn_params &p, cp_status *r)
     return true;
 }
 
-template <typename T, int DP>
+template <typename T, int DP, int DV>
 cp_status launch_rect(state *s, const attn_params &p0)
 {
     attn_params p = p0;
@@ -884,9 +908,9 @@ cp_status launch_rect(state *s, const attn_params &p0)
     if (r != CP_SUCCESS)
         return r;
     r = nf_forward_begin(s, &p); // the guard, after the list is up
-    if (r == CP_SUCCESS && !launch_rect_ws<T, DP>(s, p, &r)) {
-        constexpr int bytes = wgmma_smem(DP);
-        auto kernel = fwd_wgmma_rect_kernel<T, DP>;
+    if (r == CP_SUCCESS && !launch_rect_ws<T, DP, DV>(s, p, &r)) {
+        constexpr int bytes = wgmma_smem(DP, DV);
+        auto kernel = fwd_wgmma_rect_kernel<T, DP, DV>;
         r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, rectangles)");
         if (r == CP_SUCCESS) {
             dim3 grid((unsigned)((int64_t)p.rs.by_q.ntiles * p.H), 1, (unsigned)p.B);
@@ -902,15 +926,17 @@ cp_status launch_rect(state *s, const attn_params &p0)
 template <typename T>
 cp_status forward_t(state *s, const attn_params &p)
 {
-    switch (wg_dim(p.D, p.Dv)) {
+    switch (wg_dim(p.D, p.Dv) + wg_mla(p.D, p.Dv)) {
     case 64:
-        return p.rects ? launch_rect<T, 64>(s, p) : launch<T, 64>(s, p);
+        return p.rects ? launch_rect<T, 64, 64>(s, p) : launch<T, 64, 64>(s, p);
     case 128:
-        return p.rects ? launch_rect<T, 128>(s, p) : launch<T, 128>(s, p);
+        return p.rects ? launch_rect<T, 128, 128>(s, p) : launch<T, 128, 128>(s, p);
     case 192:
-        return p.rects ? launch_rect<T, 192>(s, p) : launch<T, 192>(s, p);
+        return p.rects ? launch_rect<T, 192, 192>(s, p) : launch<T, 192, 192>(s, p);
+    case 193: // MLA: V of 128 columns
+        return p.rects ? launch_rect<T, 192, 128>(s, p) : launch<T, 192, 128>(s, p);
     default:
-        return p.rects ? launch_rect<T, 256>(s, p) : launch<T, 256>(s, p);
+        return p.rects ? launch_rect<T, 256, 256>(s, p) : launch<T, 256, 256>(s, p);
     }
 }
 
@@ -919,10 +945,10 @@ cp_status forward_t(state *s, const attn_params &p)
 bool wgmma_fits(const state *s, const attn_params &p)
 {
 #ifdef CP_HAVE_SM90A
-    const int DP = wg_dim(p.D, p.Dv);
+    const int DP = wg_dim(p.D, p.Dv), DV = wg_dim_v(p.D, p.Dv);
     return s->cc == 90 && (p.dt == CP_DTYPE_F16 || p.dt == CP_DTYPE_BF16) && p.vec && DP > 0 &&
            p.B <= 65535 && p.H <= 65535 && (p.Sq + WG_BQ - 1) / WG_BQ * (p.rects ? p.H : 1) <= 0x7fffffff &&
-           wgmma_smem(DP) <= s->smem_optin;
+           wgmma_smem(DP, DV) <= s->smem_optin;
 #else
     (void)s, (void)p;
     return false; // no sm_90a machine code in this build
