@@ -23,7 +23,9 @@
  * is refused, naming it.
  *
  * INFINICP_TEST_QUICK (the valgrind setup): a few random cases on one
- * context instead of many on six.
+ * context instead of many on six. INFINICP_TEST_FILTER=pattern runs only
+ * the tests whose names match (cmocka's filter; for slow checkers such as
+ * compute-sanitizer's racecheck).
  *
  * The GPU build (-DCPRUN_CUDA, suite gpu: gpu-kernel-v11, and
  * gpu-kernel-v11-deterministic with INFINICP_DETERMINISTIC=1) runs the same
@@ -1594,5 +1596,7 @@ int main(void)
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_unsupported),
     };
+    if (getenv("INFINICP_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("INFINICP_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup_contexts, teardown_contexts);
 }
