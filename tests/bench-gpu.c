@@ -270,10 +270,10 @@ int main(int argc, char **argv)
         /* head dims (q / k, v): 64 and 128, then what BENCH_DIMS adds */
         int dims[8][2] = {{64, 64}, {128, 128}}, nd = 2;
         for (const char *e = getenv("BENCH_DIMS"); e && *e && nd < 8; e = strchr(e, ',') ? strchr(e, ',') + 1 : NULL) {
-            int d, dv;
-            const int got = sscanf(e, "%d/%d", &d, &dv);
-            if (got >= 1 && d >= 8 && d <= 256 && (got == 1 || (dv >= 8 && dv <= 256)))
-                dims[nd][0] = d, dims[nd][1] = got == 2 ? dv : d, nd++;
+            int qk, vd;
+            const int got = sscanf(e, "%d/%d", &qk, &vd);
+            if (got >= 1 && qk >= 8 && qk <= 256 && (got == 1 || (vd >= 8 && vd <= 256)))
+                dims[nd][0] = qk, dims[nd][1] = got == 2 ? vd : qk, nd++;
         }
         for (int di = 0; di < nd; di++)
             for (int64_t S = 1024; S <= 32768; S *= 2)
@@ -297,8 +297,8 @@ int main(int argc, char **argv)
         return 0;
     }
     const shape shapes[] = {
-        {4, 16, 128, 4096, 0}, {4, 16, 128, 4096, 1}, {2, 16, 128, 8192, 1}, {1, 16, 128, 16384, 0},
-        {1, 16, 128, 16384, 1}, {4, 32, 64, 4096, 1},  {1, 32, 64, 16384, 1}, {4, 8, 256, 4096, 1},
+        {4, 16, 128, 4096, 0, 0}, {4, 16, 128, 4096, 1, 0}, {2, 16, 128, 8192, 1, 0}, {1, 16, 128, 16384, 0, 0},
+        {1, 16, 128, 16384, 1, 0}, {4, 32, 64, 4096, 1, 0},  {1, 32, 64, 16384, 1, 0}, {4, 8, 256, 4096, 1, 0},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         run(st, "auto", CP_DTYPE_BF16, &shapes[i], q, k, v, o, dout, dq, dk, dv, lse, reps);
@@ -317,11 +317,11 @@ int main(int argc, char **argv)
     run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[1], q, k, v, o, dout, dq, dk, dv, lse, reps);
     run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[4], q, k, v, o, dout, dq, dk, dv, lse, reps);
     run(mt1, "mma-mt1", CP_DTYPE_BF16, &shapes[6], q, k, v, o, dout, dq, dk, dv, lse, reps);
-    const shape small = {1, 16, 128, 4096, 1};
+    const shape small = {1, 16, 128, 4096, 1, 0};
     run(blas, "cublas", CP_DTYPE_BF16, &small, q, k, v, o, dout, dq, dk, dv, lse, reps);
     run(simt, "simt", CP_DTYPE_BF16, &small, q, k, v, o, dout, dq, dk, dv, lse, 3);
     /* F32 (exact path): the bf16 buffers reinterpreted hold half as many floats */
-    const shape f32 = {1, 8, 128, 4096, 1};
+    const shape f32 = {1, 8, 128, 4096, 1, 0};
     void *qf = random_buffer(st, n / 2, CP_DTYPE_F32, 5), *kf = random_buffer(st, n / 2, CP_DTYPE_F32, 6);
     void *vf = random_buffer(st, n / 2, CP_DTYPE_F32, 7), *df = random_buffer(st, n / 2, CP_DTYPE_F32, 8);
     run(st, "simt", CP_DTYPE_F32, &f32, qf, kf, vf, o, df, dq, dk, dv, lse, 3);
