@@ -279,6 +279,7 @@ bool nccl_type(cp_dtype t, ncclDataType_t *out)
     case CP_DTYPE_F64: *out = ncclFloat64; return true;
     case CP_DTYPE_F16: *out = ncclFloat16; return true;
     case CP_DTYPE_BF16: *out = ncclBfloat16; return true;
+    case CP_DTYPE_FP8_E4M3: return false; // moved as bytes; never reduced
     }
     return false;
 }
