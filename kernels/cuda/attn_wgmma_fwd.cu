@@ -10,8 +10,9 @@
 // in registers, in the accumulator layout of wgmma, which per warp is the
 // m16n8 C layout of mma.sync: the softmax and the epilogue are the mma
 // kernel's (mma.cuh). Key tiles of 128 (64 for head dims past 128, up to
-// 256: wg_bk) stream through shared memory with cp.async, K double- and V triple-buffered, in the 128-byte swizzle that the
-// wgmma shared-memory descriptors describe: 8-row x 128-byte atoms, 16-byte
+// 256: wg_bk) stream through shared memory with cp.async, K double- and V
+// triple-buffered (double for MLA's shape: wg_vst), in the 128-byte swizzle
+// that the wgmma shared-memory descriptors describe: 8-row x 128-byte atoms, 16-byte
 // chunk c of row r stored at chunk c ^ (r & 7), head columns in blocks of 64.
 // K is the K-major B of S = Q K^T; V, stored the same way ([key][dim]), is
 // the MN-major ("transposed") B of O += P V, with P as the register A operand
@@ -74,7 +75,9 @@ __host__ __device__ constexpr int wg_bk(int DP, int DV)
 }
 
 // V stages: 3, or 2 where three do not fit beside Q and two K stages
-// (MLA's 192 / 128 with 128-key tiles).
+// (MLA's 192 / 128 with 128-key tiles) in Hopper's 227 KB a block, with
+// 2048 bytes kept for the alignment, the barriers and the rectangle
+// kernel's stash.
 __host__ __device__ constexpr int wg_vst(int DP, int DV)
 {
     return (WG_BQ + WG_KSTAGES * wg_bk(DP, DV)) * DP * 2 + 3 * wg_bk(DP, DV) * DV * 2 + 2048 <= 227 * 1024 ? 3 : 2;
@@ -834,17 +837,23 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #endif
 }
 
+// The loader's tensor maps (wg_maps' order) for key tiles of bk rows; false
+// where one of q, k, v (or v's clean copy) has none.
+bool make_maps(const attn_params &p, int bk, wg_maps *mp)
+{
+    return wg::make_map(&mp->m[0], mp->pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
+           wg::make_map(&mp->m[1], mp->pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, bk) &&
+           wg::make_map(&mp->m[2], mp->pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, bk) &&
+           wg::make_map(&mp->m[3], mp->pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, bk);
+}
+
 template <typename T, int DP, int DV>
 cp_status launch(state *s, const attn_params &p)
 {
     const dim3 grid((unsigned)((p.Sq + WG_BQ - 1) / WG_BQ), (unsigned)p.H, (unsigned)p.B);
     wg_maps mp;
     if (s->knob.wgmma_ws && wgmma_ws_smem(DP, DV) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
-        (int64_t)grid.x * grid.y * grid.z + s->sm_count <= INT32_MAX &&
-        wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
-        wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, wg_bk(DP, DV)) &&
-        wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP, DV)) &&
-        wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP, DV))) {
+        (int64_t)grid.x * grid.y * grid.z + s->sm_count <= INT32_MAX && make_maps(p, wg_bk(DP, DV), &mp)) {
         constexpr int bytes = wgmma_ws_smem(DP, DV);
         auto kernel = p.c > 0 ? fwd_wgmma_ws_kernel<T, DP, DV, true> : fwd_wgmma_ws_kernel<T, DP, DV, false>;
         cp_status r = allow_smem((const void *)kernel, bytes, "attention forward (wgmma, warp-specialised)");
@@ -876,11 +885,7 @@ bool launch_rect_ws(state *s, const attn_params &p, cp_status *r)
     const int64_t items = (int64_t)p.rs.by_q.ntiles * p.H * p.B;
     wg_maps mp;
     if (!(s->knob.wgmma_ws && rect_ws_smem(DP, DV) <= s->smem_optin && p.Sq <= INT32_MAX && p.Sk <= INT32_MAX &&
-          items + s->sm_count <= INT32_MAX &&
-          wg::make_map(&mp.m[0], mp.pos[0], p.q, p.dt, p.Sq, p.H, p.B, p.D, WG_BQ) &&
-          wg::make_map(&mp.m[1], mp.pos[1], p.k, p.dt, p.Sk, p.Hkv, p.B, p.D, wg_bk(DP, DV)) &&
-          wg::make_map(&mp.m[2], mp.pos[2], p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP, DV)) &&
-          wg::make_map(&mp.m[3], mp.pos[3], p.vflag ? p.vs : p.v, p.dt, p.Sk, p.Hkv, p.B, p.Dv, wg_bk(DP, DV))))
+          items + s->sm_count <= INT32_MAX && make_maps(p, wg_bk(DP, DV), &mp)))
         return false;
     constexpr int bytes = rect_ws_smem(DP, DV);
     // CAP: a softcap (every tile through softmax_band); POS (no softcap and
@@ -926,15 +931,15 @@ cp_status launch_rect(state *s, const attn_params &p0)
 template <typename T>
 cp_status forward_t(state *s, const attn_params &p)
 {
-    switch (wg_dim(p.D, p.Dv) + wg_mla(p.D, p.Dv)) {
+    if (wg_mla(p.D, p.Dv)) // V of 128 columns
+        return p.rects ? launch_rect<T, 192, 128>(s, p) : launch<T, 192, 128>(s, p);
+    switch (wg_dim(p.D, p.Dv)) {
     case 64:
         return p.rects ? launch_rect<T, 64, 64>(s, p) : launch<T, 64, 64>(s, p);
     case 128:
         return p.rects ? launch_rect<T, 128, 128>(s, p) : launch<T, 128, 128>(s, p);
     case 192:
         return p.rects ? launch_rect<T, 192, 192>(s, p) : launch<T, 192, 192>(s, p);
-    case 193: // MLA: V of 128 columns
-        return p.rects ? launch_rect<T, 192, 128>(s, p) : launch<T, 192, 128>(s, p);
     default:
         return p.rects ? launch_rect<T, 256, 256>(s, p) : launch<T, 256, 256>(s, p);
     }
